@@ -1,0 +1,94 @@
+#include "model/coefficients.h"
+
+namespace stepcast {
+
+// Defaults are first estimates from the H200 measurements in the project's
+// REFERENCE.md section 6 (derivations inline); `calibrate fit` replaces them.
+static const std::array<CoefInfo, kNumCoefs> kTable = {{
+    // 790 TFLOP/s measured for a bf16 8192^3 GEMM / 989 TFLOP/s datasheet = 0.80
+    // is the ceiling; training shapes (e.g. 11008 columns) reach less: 0.75.
+    {kGemmEffMaxFrac, "gemm_eff_max_frac", 0.05, 1.0, 0.75, "1",
+     "best fraction of the dense peak reached by a large GEMM"},
+    {kGemmHalfDim, "gemm_half_dim", 0.0, 4096.0, 64.0, "elements",
+     "GEMM dimension at which efficiency halves (eff = max * prod d/(d+half))"},
+    // SDPA causal bf16 fwd+bwd: 406 TFLOP/s at s=2048, 489 at s=4096. Solving
+    // eff(s) = E*s/(s+k) through both points gives k = 1052 tokens, E = 0.62.
+    {kAttnEffMaxFrac, "attn_eff_max_frac", 0.05, 1.0, 0.62, "1",
+     "best fraction of the dense peak reached by fused attention"},
+    {kAttnHalfSeqTokens, "attn_half_seq_tokens", 0.0, 65536.0, 1052.0, "tokens",
+     "sequence length at which attention runs at half its best efficiency"},
+    // Weight-gradient GEMMs reduce over the token dimension and run slower
+    // than their forward; 1.15 is a first estimate until a fit replaces it.
+    {kBackwardSlowdownMult, "backward_slowdown_mult", 0.5, 4.0, 1.15, "1",
+     "backward time over twice the forward time of the same work"},
+    // Uncalibrated default chosen so that llama-2-7b on 2 x H200 (micro-batch
+    // 4, GAS 4, seq 2048, bf16) predicts about the 20,100 tokens/s (43 % MFU)
+    // that PyTorch FSDP2 reached there (REFERENCE.md section 6).
+    {kElementwiseTrafficMult, "elementwise_traffic_mult", 0.0, 50.0, 8.0, "1",
+     "HBM bytes moved by norms, activations, rotary and residuals per saved activation byte"},
+    {kLayerOverheadS, "layer_overhead_s", 0.0, 5e-3, 30e-6, "s",
+     "fixed launch and synchronisation time per layer per pass"},
+    // NCCL all-reduce on 2 H200 (NV18): 71 GB/s at 4 MB, 246 at 64 MB, 325 at
+    // 1 GiB. t = lat + bytes/bw through the 4 MB and 1 GiB points: lat = 46 us,
+    // bw = 330 GB/s; 330 / 450 GB/s (NVLink 4, one direction) = 0.73.
+    {kCollLatencyS, "coll_latency_s", 0.0, 1e-2, 46e-6, "s", "latency of one collective call"},
+    {kIntraBusEffFrac, "intra_bus_eff_frac", 0.05, 1.0, 0.73, "1",
+     "achieved bus bandwidth over the intra-node link bandwidth"},
+    {kInterBusEffFrac, "inter_bus_eff_frac", 0.05, 1.0, 0.80, "1",
+     "achieved bus bandwidth over the inter-node bandwidth per GPU"},
+    // At 1 GiB on 2 H200: reduce-scatter 258, all-gather 263, all-reduce 325 GB/s busbw: 0.80.
+    {kRsAgBusEffMult, "rs_ag_bus_eff_mult", 0.2, 1.5, 0.80, "1",
+     "reduce-scatter and all-gather bus bandwidth relative to all-reduce"},
+    {kGradCommOverlapFrac, "grad_comm_overlap_frac", 0.0, 1.0, 0.80, "1",
+     "share of backward time that can hide gradient reduction"},
+    {kGatherOverlapFrac, "gather_overlap_frac", 0.0, 1.0, 0.70, "1",
+     "share of compute time that can hide stage-3 parameter gathers and uploads"},
+    {kPcieEffFrac, "pcie_eff_frac", 0.05, 1.0, 0.95, "1",
+     "achieved fraction of the profile's pinned PCIe bandwidth"},
+    {kOffloadOverlapFrac, "offload_overlap_frac", 0.0, 1.0, 0.50, "1",
+     "share of backward time that can hide gradient copies to the host"},
+    // torch fused AdamW, fp32, 1 Gi params in 9.0 ms = 28 B/param * 1.07e9 /
+    // 9.0e-3 s = 3.34 TB/s of 4.8 TB/s = 0.70.
+    {kGpuOptBwEffFrac, "gpu_opt_bw_eff_frac", 0.05, 1.0, 0.70, "1",
+     "GPU optimizer: achieved fraction of HBM bandwidth"},
+    // torch fused CPU AdamW at 28 B/param: 2.24 Gparam/s (63 GB/s) at 4 threads
+    // and 4.0 (112 GB/s) at 16. A harmonic model 1/bw = 1/(cores*c) + 1/D
+    // through both points gives c = 27 GB/s per AVX-512 core = 1.7 GB/s per
+    // lane, D = 151 GB/s (= 0.94 of the 160 GB/s in the h200-sxm profile).
+    {kCpuCoreBytesPerSPerLane, "cpu_core_bytes_per_s_per_lane", 1e7, 1e11, 1.7e9, "B/s",
+     "CPU optimizer: streaming rate of one core per fp32 SIMD lane"},
+    {kCpuLaneFlopsPerS, "cpu_lane_flops_per_s", 1e7, 1e11, 2.0e9, "FLOP/s",
+     "CPU optimizer: arithmetic rate of one fp32 SIMD lane"},
+    {kCpuDramEffFrac, "cpu_dram_eff_frac", 0.05, 1.0, 0.94, "1",
+     "CPU optimizer: achievable fraction of the host DRAM bandwidth"},
+    {kOptStepOverheadS, "opt_step_overhead_s", 0.0, 1.0, 2e-3, "s",
+     "fixed time of one optimizer step"},
+    {kGpuWorkspaceBytes, "gpu_workspace_bytes", 0.0, 16e9, 1.5e9, "B",
+     "CUDA context, library workspaces and allocator reserve per GPU"},
+    {kGpuFragFrac, "gpu_frag_frac", 0.0, 1.0, 0.10, "1",
+     "caching-allocator fragmentation on activations and temporaries"},
+    {kActBytesMult, "act_bytes_mult", 0.2, 5.0, 1.0, "1",
+     "saved activations relative to the analytic count"},
+    // bf16 logits are followed by an fp32 log-softmax kept for backward (4 B)
+    // and its fp32 gradient (4 B).
+    {kLossExtraBytesPerLogit, "loss_extra_bytes_per_logit", 0.0, 32.0, 8.0, "B",
+     "bytes per logit held at the loss beyond the logits themselves"},
+    {kHostBytesPerRank, "host_bytes_per_rank", 0.0, 64e9, 4e9, "B",
+     "host memory of one rank process beyond its buffers (runtime, libraries)"},
+}};
+
+const std::array<CoefInfo, kNumCoefs>& coef_table() { return kTable; }
+
+std::optional<Coef> coef_by_name(std::string_view name) {
+  for (const auto& info : kTable)
+    if (info.name == name) return info.id;
+  return std::nullopt;
+}
+
+CoefVector default_coefs() {
+  CoefVector out{};
+  for (const auto& info : kTable) out[info.id] = info.default_value;
+  return out;
+}
+
+}  // namespace stepcast

@@ -1,0 +1,69 @@
+// The cost model's coefficients: every efficiency, latency and overhead that
+// a datasheet cannot give and a fit (calibrate/) can replace. Each has a name
+// (with its unit), physical bounds and a default. The templated formulas in
+// step_time.h and memory.h read them from a plain array indexed by Coef, so
+// the same code runs on double (planner) and on ceres::Jet (fit).
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace stepcast {
+
+enum Coef : int {
+  // --- compute --------------------------------------------------------------
+  kGemmEffMaxFrac,           // best fraction of the dense peak a large GEMM reaches
+  kGemmHalfDim,              // GEMM dimension (elements) at which that dimension halves efficiency
+  kAttnEffMaxFrac,           // best fraction of peak of fused (flash) attention
+  kAttnHalfSeqTokens,        // sequence length at which attention runs at half its best efficiency
+  kBackwardSlowdownMult,     // backward time / twice the forward time of the same GEMMs and ops
+  kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
+  kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
+  // --- communication --------------------------------------------------------
+  kCollLatencyS,             // latency of one NCCL collective call
+  kIntraBusEffFrac,          // achieved bus bandwidth / intra-node link bandwidth
+  kInterBusEffFrac,          // achieved bus bandwidth / inter-node bandwidth per GPU
+  kRsAgBusEffMult,           // reduce-scatter and all-gather bus bandwidth relative to all-reduce
+  kGradCommOverlapFrac,      // share of backward time that can hide gradient reduction
+  kGatherOverlapFrac,        // share of compute time that can hide stage-3 gathers and param upload
+  // --- offload --------------------------------------------------------------
+  kPcieEffFrac,              // achieved fraction of the pinned PCIe bandwidth
+  kOffloadOverlapFrac,       // share of backward time that can hide gradient copies to the host
+  // --- optimizer ------------------------------------------------------------
+  kGpuOptBwEffFrac,          // GPU optimizer: achieved fraction of HBM bandwidth
+  kCpuCoreBytesPerSPerLane,  // CPU optimizer: streaming rate of one core per fp32 SIMD lane
+  kCpuLaneFlopsPerS,         // CPU optimizer: arithmetic rate of one fp32 SIMD lane
+  kCpuDramEffFrac,           // CPU optimizer: achievable fraction of host DRAM bandwidth
+  kOptStepOverheadS,         // fixed time of one optimizer step (launch, thread wake-up, sync)
+  // --- memory ---------------------------------------------------------------
+  kGpuWorkspaceBytes,        // CUDA context, cuBLAS/NCCL workspaces, allocator reserve
+  kGpuFragFrac,              // caching-allocator fragmentation on dynamic allocations
+  kActBytesMult,             // saved activations relative to the analytic count
+  kLossExtraBytesPerLogit,   // bytes per logit beyond the logits themselves (fp32 log-softmax, grad)
+  kHostBytesPerRank,         // host memory of one rank process beyond its buffers
+  kNumCoefs
+};
+
+struct CoefInfo {
+  Coef id;
+  std::string_view name;  // as written in hardware profiles and fit reports
+  double lower;
+  double upper;
+  double default_value;
+  std::string_view unit;
+  std::string_view meaning;
+};
+
+// The table, in Coef order.
+const std::array<CoefInfo, kNumCoefs>& coef_table();
+
+// Looks a coefficient up by its name; nullopt when unknown.
+std::optional<Coef> coef_by_name(std::string_view name);
+
+// A full coefficient vector, defaults unless overridden.
+using CoefVector = std::array<double, kNumCoefs>;
+CoefVector default_coefs();
+
+}  // namespace stepcast

@@ -1,0 +1,169 @@
+#include "model/hardware.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "model/errors.h"
+#include "model/toml_reader.h"
+
+namespace stepcast {
+namespace fs = std::filesystem;
+
+double GpuSpec::peak_flops_per_s(Precision p) const {
+  switch (p) {
+    case Precision::kBf16: return peak_bf16_flops_per_s;
+    case Precision::kFp16: return peak_fp16_flops_per_s;
+    case Precision::kFp32: return peak_fp32_flops_per_s;
+  }
+  STEPCAST_ASSERT(false);
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+  }
+  STEPCAST_ASSERT(false);
+}
+
+Precision parse_precision(const std::string& text, const std::string& what) {
+  if (text == "fp32") return Precision::kFp32;
+  if (text == "bf16") return Precision::kBf16;
+  if (text == "fp16") return Precision::kFp16;
+  throw InputError(what + " = \"" + text + "\" is not a precision (valid: fp32, bf16, fp16)");
+}
+
+HardwareProfile parse_hardware_profile(const std::string& text, const std::string& origin) {
+  toml::table table = TomlReader::parse(text, origin);
+  TomlReader r(table, origin);
+  r.reject_unknown_keys({"name", "description", "gpu", "host", "links", "price_per_gpu_hour",
+                         "coefficients"});
+  HardwareProfile hw;
+  hw.path = origin;
+  hw.name = r.get_string("name");
+  hw.description = r.get_string_or("description", "");
+
+  auto sourced = [&](const TomlReader& t, const std::string& key, double lo, double hi) {
+    std::string src;
+    double v = t.get_sourced(key, lo, hi, &src);
+    hw.sources[t.key_path(key)] = src;
+    return v;
+  };
+
+  TomlReader g = r.subtable("gpu");
+  g.reject_unknown_keys({"name", "memory_bytes", "memory_bytes_per_s", "peak_bf16_flops_per_s",
+                         "peak_fp16_flops_per_s", "peak_tf32_flops_per_s",
+                         "peak_fp32_flops_per_s"});
+  hw.gpu.name = g.get_string("name");
+  hw.gpu.memory_bytes = sourced(g, "memory_bytes", 1e8, 1e13);
+  hw.gpu.memory_bytes_per_s = sourced(g, "memory_bytes_per_s", 1e9, 1e14);
+  hw.gpu.peak_bf16_flops_per_s = sourced(g, "peak_bf16_flops_per_s", 1e11, 1e17);
+  hw.gpu.peak_fp16_flops_per_s = sourced(g, "peak_fp16_flops_per_s", 1e11, 1e17);
+  hw.gpu.peak_tf32_flops_per_s = sourced(g, "peak_tf32_flops_per_s", 1e11, 1e17);
+  hw.gpu.peak_fp32_flops_per_s = sourced(g, "peak_fp32_flops_per_s", 1e11, 1e17);
+
+  TomlReader h = r.subtable("host");
+  h.reject_unknown_keys({"pcie_gen", "h2d_bytes_per_s", "d2h_bytes_per_s", "cpu_cores_per_gpu",
+                         "simd", "dram_bytes_per_s", "memory_bytes_per_gpu"});
+  hw.host.pcie_gen = static_cast<int>(h.get_int("pcie_gen", 3, 7));
+  hw.host.h2d_bytes_per_s = sourced(h, "h2d_bytes_per_s", 1e8, 1e13);
+  hw.host.d2h_bytes_per_s = sourced(h, "d2h_bytes_per_s", 1e8, 1e13);
+  hw.host.cpu_cores_per_gpu = sourced(h, "cpu_cores_per_gpu", 1, 1024);
+  hw.host.simd = h.get_string("simd");
+  if (hw.host.simd == "avx2") {
+    hw.host.simd_fp32_lanes = 8;
+  } else if (hw.host.simd == "avx512") {
+    hw.host.simd_fp32_lanes = 16;
+  } else if (hw.host.simd == "neon") {
+    hw.host.simd_fp32_lanes = 4;
+  } else {
+    throw InputError(origin + ": key 'host.simd' = \"" + hw.host.simd +
+                     "\" is not valid (valid: avx2, avx512, neon)");
+  }
+  hw.host.dram_bytes_per_s = sourced(h, "dram_bytes_per_s", 1e9, 1e13);
+  hw.host.memory_bytes_per_gpu = sourced(h, "memory_bytes_per_gpu", 1e9, 1e14);
+
+  TomlReader l = r.subtable("links");
+  l.reject_unknown_keys({"intra_node", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
+                         "inter_node_latency_s", "gpus_per_node_max"});
+  hw.links.intra_node = l.get_string("intra_node");
+  if (hw.links.intra_node != "nvlink" && hw.links.intra_node != "pcie")
+    throw InputError(origin + ": key 'links.intra_node' = \"" + hw.links.intra_node +
+                     "\" is not valid (valid: nvlink, pcie)");
+  hw.links.intra_node_bytes_per_s = sourced(l, "intra_node_bytes_per_s", 1e8, 1e13);
+  hw.links.inter_node_bytes_per_s = sourced(l, "inter_node_bytes_per_s", 1e8, 1e13);
+  hw.links.inter_node_latency_s = sourced(l, "inter_node_latency_s", 0, 1);
+  hw.links.gpus_per_node_max = static_cast<int>(l.get_int("gpus_per_node_max", 1, 1024));
+
+  if (r.has("price_per_gpu_hour")) hw.price_per_gpu_hour = sourced(r, "price_per_gpu_hour", 0, 1e4);
+
+  hw.coefs = default_coefs();
+  if (auto c = r.subtable_opt("coefficients")) {
+    hw.coefs_calibrated = c->get_bool_or("calibrated", false);
+    hw.coefs_source = c->get_string_or("source", "");
+    for (const auto& [key, node] : c->table()) {
+      std::string name(key.str());
+      if (name == "calibrated" || name == "source" || name == "std_errors") continue;
+      auto id = coef_by_name(name);
+      if (!id) {
+        std::string valid;
+        for (const auto& info : coef_table()) valid += (valid.empty() ? "" : ", ") + std::string(info.name);
+        throw InputError(origin + ": key 'coefficients." + name +
+                         "' is not a cost-model coefficient (valid: " + valid + ")");
+      }
+      const CoefInfo& info = coef_table()[*id];
+      hw.coefs[*id] = c->get_double(name, info.lower, info.upper);
+    }
+    if (auto se = c->subtable_opt("std_errors")) {
+      hw.coef_std_errors.assign(kNumCoefs, 0.0);
+      for (const auto& [key, node] : se->table()) {
+        auto id = coef_by_name(std::string(key.str()));
+        if (!id)
+          throw InputError(origin + ": key 'coefficients.std_errors." + std::string(key.str()) +
+                           "' is not a cost-model coefficient");
+        hw.coef_std_errors[*id] = se->get_double(std::string(key.str()), 0.0, 1e30);
+      }
+    }
+  }
+  return hw;
+}
+
+static std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path.string() + ": cannot open file");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+HardwareProfile load_hardware_profile(const fs::path& path) {
+  return parse_hardware_profile(read_text(path), path.string());
+}
+
+std::vector<std::string> list_hardware(const fs::path& data_dir) {
+  std::vector<std::string> out;
+  const fs::path dir = data_dir / "hardware";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError(dir.string() + ": hardware folder not found");
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".toml") out.push_back(entry.path().stem().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_dir) {
+  std::error_code ec;
+  if (name.ends_with(".toml") || name.find('/') != std::string::npos) {
+    if (!fs::exists(name, ec)) throw InputError(name + ": no such hardware profile file");
+    return load_hardware_profile(name);
+  }
+  const fs::path file = data_dir / "hardware" / (name + ".toml");
+  if (fs::exists(file, ec)) return load_hardware_profile(file);
+  std::string known;
+  for (const auto& n : list_hardware(data_dir)) known += (known.empty() ? "" : ", ") + n;
+  throw InputError("unknown hardware '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace stepcast

@@ -1,0 +1,77 @@
+// HardwareProfile: a GPU, its host slice and its links, read from a TOML
+// profile in data/hardware/. Every number carries its source. The cost
+// model's coefficients live in the profile too, with a flag that says whether
+// a fit produced them.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/coefficients.h"
+
+namespace stepcast {
+
+enum class Precision { kFp32, kBf16, kFp16 };
+
+struct GpuSpec {
+  std::string name;
+  double memory_bytes = 0;            // total device memory
+  double memory_bytes_per_s = 0;      // HBM / GDDR bandwidth
+  double peak_bf16_flops_per_s = 0;   // dense tensor-core peaks
+  double peak_fp16_flops_per_s = 0;
+  double peak_tf32_flops_per_s = 0;
+  double peak_fp32_flops_per_s = 0;   // plain fp32 (no tensor cores)
+  double peak_flops_per_s(Precision p) const;
+};
+
+struct HostSpec {
+  int pcie_gen = 0;
+  double h2d_bytes_per_s = 0;         // pinned host -> device, per GPU
+  double d2h_bytes_per_s = 0;         // pinned device -> host, per GPU
+  double cpu_cores_per_gpu = 0;       // cores available to the job per GPU
+  int simd_fp32_lanes = 0;            // 8 = AVX2, 16 = AVX-512
+  std::string simd;                   // "avx2" or "avx512"
+  double dram_bytes_per_s = 0;        // host DRAM bandwidth available to the job (per node)
+  double memory_bytes_per_gpu = 0;    // host memory per GPU
+};
+
+struct LinkSpec {
+  std::string intra_node;                     // "nvlink" or "pcie"
+  double intra_node_bytes_per_s = 0;          // per GPU, one direction
+  double inter_node_bytes_per_s = 0;          // per GPU, one direction
+  double inter_node_latency_s = 0;
+  int gpus_per_node_max = 0;
+};
+
+struct HardwareProfile {
+  std::string name;
+  std::string path;          // file it was read from
+  std::string description;
+  GpuSpec gpu;
+  HostSpec host;
+  LinkSpec links;
+  double price_per_gpu_hour = 0;  // 0 = unknown
+  std::map<std::string, std::string> sources;  // dotted key -> source
+
+  CoefVector coefs{};
+  bool coefs_calibrated = false;
+  std::string coefs_source;
+  std::vector<double> coef_std_errors;  // from a fit's covariance; empty when not calibrated
+};
+
+HardwareProfile parse_hardware_profile(const std::string& toml_text, const std::string& origin);
+HardwareProfile load_hardware_profile(const std::filesystem::path& path);
+
+// Names of the profiles in data_dir/hardware, sorted.
+std::vector<std::string> list_hardware(const std::filesystem::path& data_dir);
+
+// A profile name from the catalog or a path to a .toml file; unknown names list the known ones.
+HardwareProfile resolve_hardware(const std::string& name_or_path,
+                                 const std::filesystem::path& data_dir);
+
+const char* precision_name(Precision p);
+Precision parse_precision(const std::string& text, const std::string& what);
+
+}  // namespace stepcast

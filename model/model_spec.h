@@ -1,0 +1,85 @@
+// ModelSpec: the architecture facts of a decoder-only transformer that the
+// cost model and the backend need, read from a TOML card in data/models/ or
+// from a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace stepcast {
+
+enum class NormKind { kRms, kLayer };
+
+struct ModelSpec {
+  std::string name;        // catalog name, e.g. "llama-2-7b"
+  std::string model_type;  // Hugging Face model_type: llama, mistral, qwen2, gpt_neox, gptj, gpt2, opt
+  std::string source;      // where the numbers come from
+
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // grouped-query attention; == num_heads for MHA
+  int64_t head_dim = 0;      // usually hidden_size / num_heads
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+
+  bool gated_mlp = false;          // SwiGLU: gate, up, down (three matrices)
+  NormKind norm = NormKind::kRms;  // RMSNorm (weight) or LayerNorm (weight + bias)
+  bool qkv_bias = false;           // bias on q, k, v projections
+  bool attn_out_bias = false;      // bias on the attention output projection
+  bool mlp_bias = false;           // bias on the MLP matrices
+  bool lm_head_bias = false;       // GPT-J's lm_head has a bias
+  bool tied_embeddings = false;    // lm_head shares the input embedding
+  bool parallel_residual = false;  // GPT-J / GPT-NeoX: attention and MLP read the same input
+  int64_t norms_per_layer = 2;     // GPT-J: 1 (shared input norm); others 2
+  bool final_norm = true;
+  int64_t rotary_dim = 0;                  // 0 = no rotary; == head_dim for full rotary
+  int64_t learned_position_embeddings = 0;  // rows of a learned position table (GPT-2, OPT)
+  int64_t word_embed_proj_dim = 0;          // OPT: embedding width if != hidden_size
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  int64_t embed_dim() const { return word_embed_proj_dim > 0 ? word_embed_proj_dim : hidden_size; }
+
+  // Parameter counts exactly as the Hugging Face implementation registers
+  // them (tied weights counted once, buffers such as rotary inv_freq excluded).
+  int64_t params_per_layer() const;
+  int64_t embedding_params() const;  // token (+ position) embeddings and OPT projections
+  int64_t lm_head_params() const;    // 0 when tied
+  int64_t final_norm_params() const;
+  int64_t total_params() const;
+};
+
+// Checks ranges and consistency; throws InputError naming `origin` (a file).
+void validate_model_spec(const ModelSpec& spec, const std::string& origin);
+
+// Reads a Stepcast model card (TOML). Throws InputError naming file, key and value.
+ModelSpec load_model_card(const std::filesystem::path& path);
+
+// Reads a Hugging Face config.json (a file, or a folder that holds one).
+ModelSpec load_hf_config(const std::filesystem::path& path);
+
+// Parses card text / config.json text (for tests and fuzzing); `origin` names
+// the file in error messages.
+ModelSpec parse_model_card(const std::string& toml_text, const std::string& origin);
+ModelSpec parse_hf_config(const std::string& json_text, const std::string& origin);
+
+struct CatalogEntry {
+  std::string name;
+  std::vector<std::string> aliases;
+  std::filesystem::path path;
+};
+
+// The cards in data_dir/models, sorted by name.
+std::vector<CatalogEntry> list_model_catalog(const std::filesystem::path& data_dir);
+
+// Resolves --model: a catalog name or alias, a .toml card path, a config.json
+// path, or a folder holding config.json. Unknown names list the known ones.
+ModelSpec resolve_model(const std::string& name_or_path, const std::filesystem::path& data_dir);
+
+}  // namespace stepcast

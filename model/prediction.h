@@ -1,0 +1,40 @@
+// One evaluation of the cost model in double precision: what the planner,
+// `train` (predicted beside measured) and the reports print.
+#pragma once
+
+#include <string>
+
+#include "model/step_features.h"
+#include "model/memory_model.h"
+#include "model/step_time.h"
+
+namespace stepcast {
+
+struct Throughput {
+  double tokens_per_s = 0;
+  double world_samples_per_s = 0;
+  double rank_samples_per_s = 0;
+  double mfu = 0;  // model FLOPs (6N + attention, no recompute) / (time x GPUs x dense peak)
+};
+
+struct Prediction {
+  TrainConfig config;
+  StepTime<double> time;
+  MemoryEstimate<double> memory;
+  Throughput throughput;
+  double gpu_memory_limit_bytes = 0;
+  double host_memory_limit_bytes = 0;  // per node
+  bool fits = false;
+  std::string reason;  // why it does not fit; empty when it fits
+};
+
+// Evaluates `config`. Limits of 0 take the profile's figures.
+Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,
+                    const ResourceLimits& limits = {});
+
+// Same with precomputed features (the planner's hot loop) and a coefficient vector.
+Prediction evaluate_features(const Features& features, const TrainConfig& config,
+                             const HardwareProfile& hw, const CoefVector& coefs,
+                             const ResourceLimits& limits);
+
+}  // namespace stepcast

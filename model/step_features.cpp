@@ -1,0 +1,256 @@
+#include "model/step_features.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/errors.h"
+
+namespace stepcast {
+
+namespace {
+
+// Bytes of one element of the working (compute) precision.
+double working_bytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
+
+// 8-bit AdamW (Dettmers et al. 2022): one byte per moment plus one fp32 absmax
+// per block of 2048 values, for each of the two moments.
+constexpr double k8bitBlock = 2048.0;
+constexpr double k8bitStateBytes = 2.0 + 2.0 * 4.0 / k8bitBlock;
+
+// Memory traffic of one AdamW update, per parameter (REFERENCE.md section 4):
+// read master, m, v and the gradient; write master, m, v; plus the 16-bit copy
+// of the updated parameter when training in mixed precision.
+double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu) {
+  const bool mixed = precision != Precision::kFp32;
+  // GPU: the gradient is read in the working precision. CPU: the host keeps an
+  // fp32 gradient accumulator (offloaded shards arrive as 16-bit, are summed in fp32).
+  const double grad = on_cpu ? 4.0 : working_bytes(precision);
+  const double moments = opt == OptimizerKind::kAdamW ? 8.0 : k8bitStateBytes;
+  double bytes = grad + 4.0 /*master read*/ + 4.0 /*master write*/ + 2.0 * moments;
+  if (mixed) bytes += 2.0;          // 16-bit copy of the updated parameter
+  else if (on_cpu) bytes += 4.0;    // fp32 copy into the pinned upload buffer
+  return bytes;
+}
+
+// Arithmetic per parameter of one update: AdamW is ~15 FLOPs (two moment
+// updates, bias corrections, sqrt, division, weight decay); block-wise 8-bit
+// adds dequantisation, absmax and a search in the 256-entry dynamic map.
+double optimizer_flops(OptimizerKind opt) { return opt == OptimizerKind::kAdamW ? 15.0 : 60.0; }
+
+}  // namespace
+
+double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision) {
+  const double master = precision == Precision::kFp32 ? 0.0 : 4.0;  // fp32 copy of 16-bit weights
+  const double moments = opt == OptimizerKind::kAdamW ? 8.0 : k8bitStateBytes;
+  return master + moments;
+}
+
+int64_t small_tensor_params(const ModelSpec& m, int64_t min_size) {
+  auto small = [&](int64_t n) { return n < min_size ? n : 0; };
+  const int64_t h = m.hidden_size;
+  const int64_t norm_tensors = m.norm == NormKind::kLayer ? 2 : 1;  // weight (+ bias)
+  int64_t per_layer = m.norms_per_layer * norm_tensors * small(h);
+  if (m.qkv_bias) per_layer += small(m.q_dim()) + 2 * small(m.kv_dim());
+  if (m.attn_out_bias) per_layer += small(h);
+  if (m.mlp_bias) per_layer += (m.gated_mlp ? 2 : 1) * small(m.intermediate_size) + small(h);
+  int64_t total = m.num_layers * per_layer;
+  if (m.final_norm) total += norm_tensors * small(h);
+  if (m.lm_head_bias) total += small(m.vocab_size);
+  return total;
+}
+
+// Saved activations per token per layer, in elements, following the
+// accounting of Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+// Large Transformer Models", section 4.1), generalised to grouped-query
+// attention and gated MLPs, without dropout masks (fine-tuning runs with
+// dropout off):
+//   norms      the input of each norm                        norms_per_layer * h
+//   attention  the q/k/v projection input (norm output)       h
+//              q, k, v after rotary                           q_dim + 2 kv_dim
+//              attention output = out-projection input        q_dim
+//              math attention only: softmax probabilities     heads * s
+//   MLP        its input (norm output; shared with attention  h (0 for GPT-J)
+//              when one norm feeds both)
+//              gated: gate, up, silu(gate), gate*up           4 i
+//              plain: pre- and post-activation                2 i
+// tests/test_memory.cpp derives it by hand for llama-2-7b and sets it beside
+// Korthikanti's 34 s b h bytes per layer.
+double activation_elems_per_token_per_layer(const ModelSpec& m, AttentionKind attention,
+                                            double seq_len) {
+  const double h = static_cast<double>(m.hidden_size);
+  double elems = static_cast<double>(m.norms_per_layer) * h;
+  elems += h + m.q_dim() + 2.0 * m.kv_dim() + m.q_dim();
+  if (attention == AttentionKind::kMath) elems += static_cast<double>(m.num_heads) * seq_len;
+  const bool shared_input = m.parallel_residual && m.norms_per_layer == 1;
+  if (!shared_input) elems += h;
+  elems += (m.gated_mlp ? 4.0 : 2.0) * static_cast<double>(m.intermediate_size);
+  return elems;
+}
+
+double bucket_elems(const ModelSpec& spec) {
+  return static_cast<double>(spec.hidden_size) * static_cast<double>(spec.hidden_size);
+}
+
+Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& c,
+                       const ResourceLimits& limits) {
+  validate_config(c);
+  Features out;
+  StepFeatures& f = out.step;
+  MemoryFeatures& mem = out.memory;
+
+  const double n = c.world_size();
+  const double params = static_cast<double>(spec.total_params());
+  const double b = static_cast<double>(c.micro_batch);
+  const double s = static_cast<double>(c.seq_len);
+  const double tokens = b * s;
+  const double L = static_cast<double>(spec.num_layers);
+  const double h = static_cast<double>(spec.hidden_size);
+  const double wb = working_bytes(c.precision);  // parameter, gradient and activation bytes
+  const bool offload_opt = c.offload_optimizer == OffloadDevice::kCpu;
+  const bool offload_par = c.offload_params == OffloadDevice::kCpu;
+  const bool multi_rank = n > 1;
+  const int stage = c.zero_stage;
+
+  // --- compute ---------------------------------------------------------------
+  const double qkv_n = static_cast<double>(spec.q_dim() + 2 * spec.kv_dim());
+  const double i = static_cast<double>(spec.intermediate_size);
+  f.gemms[0] = {tokens, qkv_n, h, L};
+  f.gemms[1] = {tokens, h, static_cast<double>(spec.q_dim()), L};
+  f.gemms[2] = {tokens, spec.gated_mlp ? 2.0 * i : i, h, L};
+  f.gemms[3] = {tokens, h, i, L};
+  f.gemms[4] = {tokens, static_cast<double>(spec.vocab_size), static_cast<double>(spec.embed_dim()), 1.0};
+  // Causal attention: QK^T and PV are 2 b s^2 d_attn FLOPs each per layer for
+  // the full square; flash kernels skip the masked half, the math path does not.
+  const double full_square = 4.0 * b * s * s * spec.q_dim() * L;
+  if (c.attention == AttentionKind::kFlash) {
+    f.attn_fwd_flops = 0.5 * full_square;
+    f.attn_bwd_flops_mult = 2.5;  // FlashAttention-2 (Dao 2023): backward = 2.5x forward
+    f.attn_uses_gemm_eff = 0;
+  } else {
+    f.attn_fwd_flops = full_square;
+    f.attn_bwd_flops_mult = 2.0;
+    f.attn_uses_gemm_eff = 1;
+  }
+  f.seq_len = s;
+  const double act_per_layer = activation_elems_per_token_per_layer(spec, c.attention, s);
+  f.elementwise_bytes_fwd = tokens * L * act_per_layer * wb;
+  f.num_layers = L;
+  f.recompute = c.activation_checkpointing ? 1.0 : 0.0;
+  f.gas = static_cast<double>(c.gas);
+  f.peak_flops_per_s = hw.gpu.peak_flops_per_s(c.precision);
+  f.hbm_bytes_per_s = hw.gpu.memory_bytes_per_s;
+
+  // --- collectives -------------------------------------------------------------
+  const double bucket = bucket_elems(spec);
+  const double grad_bytes_full = params * wb;
+  const double param_bytes_full = params * wb;
+  const double grad_calls = std::ceil(params / bucket);
+  const double units = L + 2.0;  // stage-3 gather units: layers, embedding, head
+  if (multi_rank) {
+    f.gather_bus_factor = (n - 1.0) / n;
+    if (stage == 0) {
+      f.grad_comm_bus_factor = 2.0 * (n - 1.0) / n;  // all-reduce
+      f.grad_comm_is_allreduce = 1.0;
+    } else {
+      f.grad_comm_bus_factor = (n - 1.0) / n;        // reduce-scatter
+    }
+    if (stage <= 1) {
+      // Gradients accumulate locally; one reduction on the last micro-batch.
+      f.grad_comm_bytes_boundary = grad_bytes_full;
+      f.grad_comm_calls_boundary = grad_calls;
+    } else {
+      // Stages 2 and 3 cannot hold full gradients: reduce-scatter every micro-batch.
+      f.grad_comm_bytes_micro = grad_bytes_full;
+      f.grad_comm_calls_micro = grad_calls;
+    }
+    if (stage == 3) {
+      // Gather each unit before its forward and again before its backward (a
+      // checkpointed recompute runs inside the backward gather window).
+      f.gather_bytes_micro = 2.0 * param_bytes_full;
+      f.gather_calls_micro = 2.0 * units;
+    } else if (stage >= 1) {
+      // Each rank updated its shard: all-gather the new parameters.
+      f.post_step_gather_bytes = param_bytes_full;
+      f.post_step_gather_calls = grad_calls;
+    }
+  }
+  const bool multi_node = c.nodes > 1;
+  f.link_is_inter_node = multi_node ? 1.0 : 0.0;
+  f.link_bytes_per_s = multi_node ? std::min(hw.links.inter_node_bytes_per_s, hw.links.intra_node_bytes_per_s)
+                                  : hw.links.intra_node_bytes_per_s;
+  f.extra_latency_s = multi_node ? hw.links.inter_node_latency_s : 0.0;
+
+  // --- offload -----------------------------------------------------------------
+  const double shard_params = stage >= 1 ? params / n : params;
+  if (offload_opt) {
+    if (stage == 1) f.d2h_bytes_boundary = shard_params * wb;
+    else f.d2h_bytes_micro = shard_params * wb;
+    f.h2d_bytes_step = offload_par ? 0.0 : shard_params * wb;  // with param offload, the update lands on the host copy
+  }
+  if (offload_par) f.param_h2d_bytes_micro = 2.0 * (params / n) * wb;
+  f.h2d_bytes_per_s = hw.host.h2d_bytes_per_s;
+  f.d2h_bytes_per_s = hw.host.d2h_bytes_per_s;
+
+  // --- optimizer ---------------------------------------------------------------
+  f.opt_on_cpu = offload_opt ? 1.0 : 0.0;
+  f.opt_params_rank = shard_params;
+  f.opt_bytes_per_param = optimizer_traffic_bytes(c.optimizer, c.precision, offload_opt);
+  f.opt_flops_per_param = optimizer_flops(c.optimizer);
+  f.ranks_per_node = c.gpus_per_node;
+  f.cpu_cores_node = limits.cpu_cores_node > 0 ? limits.cpu_cores_node
+                                               : hw.host.cpu_cores_per_gpu * c.gpus_per_node;
+  f.cpu_simd_lanes = hw.host.simd_fp32_lanes;
+  f.dram_bytes_per_s = hw.host.dram_bytes_per_s;
+
+  f.world_size = n;
+  f.tokens_per_micro = tokens;
+  // Kaplan et al.: 6 N FLOPs per token for forward + backward, plus causal
+  // attention 6 L d_attn s (REFERENCE.md section 4).
+  f.model_flops_per_token = 6.0 * params + 6.0 * L * spec.q_dim() * s;
+
+  // --- memory ------------------------------------------------------------------
+  // Optimizer states of 8-bit AdamW: tensors under 4096 elements stay 32-bit.
+  double state_bytes = optimizer_state_bytes_per_param(c.optimizer, c.precision);
+  if (c.optimizer == OptimizerKind::kAdamW8bit) {
+    const double small = static_cast<double>(small_tensor_params(spec));
+    const double fp32_state = optimizer_state_bytes_per_param(OptimizerKind::kAdamW, c.precision);
+    state_bytes = (state_bytes * (params - small) + fp32_state * small) / params;
+  }
+  // ZeRO model states (Rajbhandari et al. 2020, section 5): stage 1 partitions
+  // optimizer states, stage 2 also gradients, stage 3 also parameters.
+  const double p_shard = stage == 3 ? params / n : params;
+  const double g_shard = stage >= 2 ? params / n : params;
+  const double os_shard = stage >= 1 ? params / n : params;
+  mem.gpu_params_bytes = offload_par ? 0.0 : p_shard * wb;
+  mem.gpu_grads_bytes = (offload_opt && stage >= 2) ? 0.0 : g_shard * wb;
+  mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
+  double buffers = 0.0;
+  if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
+  if (offload_opt && stage >= 2) buffers += 2.0 * bucket * wb;  // gradient staging for the copy down
+  if (stage == 3) {
+    const double unit = std::max(static_cast<double>(spec.params_per_layer()),
+                                 static_cast<double>(spec.vocab_size) * spec.embed_dim());
+    buffers += 2.0 * unit * wb;  // gathered unit in use + the one prefetched
+    buffers += unit * wb;        // full gradient of one unit before its reduce-scatter
+  }
+  mem.gpu_buffers_bytes = buffers;
+  const double live_layers = c.activation_checkpointing ? 0.0 : L;
+  const double ckpt_inputs = c.activation_checkpointing ? L * h : 0.0;
+  // Without checkpointing every layer's activations are live at the start of
+  // backward; with it, each layer's input plus one recomputed layer.
+  mem.act_bytes = tokens * wb *
+                  (live_layers * act_per_layer + ckpt_inputs +
+                   (c.activation_checkpointing ? act_per_layer : 0.0) + 2.0 * h /*final norm, head input*/);
+  mem.logits_elems = tokens * static_cast<double>(spec.vocab_size);
+  mem.logit_bytes = wb;
+  if (offload_opt) {
+    mem.host_opt_states_bytes = os_shard * state_bytes;
+    mem.host_grads_bytes = os_shard * 4.0;  // fp32 gradient accumulator for the CPU step
+    mem.host_pinned_buffers_bytes = 2.0 * bucket * wb + (offload_par ? 0.0 : os_shard * wb);
+  }
+  if (offload_par) mem.host_params_bytes = (params / n) * wb;
+  mem.ranks_per_node = c.gpus_per_node;
+  return out;
+}
+
+}  // namespace stepcast

@@ -1,0 +1,116 @@
+// Features: a (model, hardware, config) triple resolved into plain numbers.
+// Every configuration choice (stage, offload, optimizer, precision,
+// checkpointing, attention kernel) is decided here, once; the templated
+// formulas in step_time.h and memory.h only do arithmetic on these numbers and
+// the coefficient vector, so the same code serves the planner (double) and
+// the fit (ceres::Jet).
+#pragma once
+
+#include <array>
+
+#include "model/hardware.h"
+#include "model/model_spec.h"
+#include "model/train_config.h"
+
+namespace stepcast {
+
+// One class of matrix product of the forward pass: C(m x n) = A(m x k) B(k x n),
+// executed `count` times per micro-batch. Backward runs twice its FLOPs on the
+// same shapes (data and weight gradients).
+struct GemmShape {
+  double m = 0, n = 0, k = 0, count = 0;
+};
+inline constexpr int kNumGemmClasses = 5;  // qkv, attention out, MLP up, MLP down, lm_head
+
+struct StepFeatures {
+  // --- compute, per micro-batch --------------------------------------------
+  std::array<GemmShape, kNumGemmClasses> gemms{};
+  double attn_fwd_flops = 0;       // score and value products as executed (causal half for flash)
+  double attn_bwd_flops_mult = 0;  // backward/forward FLOPs of attention (2.5 flash, 2 math)
+  double attn_uses_gemm_eff = 0;   // 1 for math attention (runs as batched GEMMs)
+  double seq_len = 0;
+  double elementwise_bytes_fwd = 0;  // analytic activation bytes, the traffic of non-GEMM ops
+  double num_layers = 0;
+  double recompute = 0;            // 1 with full activation checkpointing
+  double gas = 1;
+  double peak_flops_per_s = 0;     // dense peak at the run's precision
+  double hbm_bytes_per_s = 0;
+  // --- collectives ---------------------------------------------------------
+  double grad_comm_bytes_micro = 0, grad_comm_calls_micro = 0;        // each micro-batch
+  double grad_comm_bytes_boundary = 0, grad_comm_calls_boundary = 0;  // last micro-batch only
+  double grad_comm_bus_factor = 0;  // nccl-tests: 2(n-1)/n all-reduce, (n-1)/n reduce-scatter
+  double grad_comm_is_allreduce = 0; // 1: all-reduce (stage 0); 0: reduce-scatter
+  double gather_bytes_micro = 0, gather_calls_micro = 0;    // stage-3 parameter all-gathers
+  double post_step_gather_bytes = 0, post_step_gather_calls = 0;  // stage 1/2 updated params
+  double gather_bus_factor = 0;     // (n-1)/n
+  double link_bytes_per_s = 0;      // slowest link of the ring, before efficiency
+  double link_is_inter_node = 0;    // 1 when the ring crosses nodes
+  double extra_latency_s = 0;       // inter-node latency added to each call
+  // --- offload traffic (PCIe) ----------------------------------------------
+  double d2h_bytes_micro = 0;       // gradient shards to the host, each micro-batch
+  double d2h_bytes_boundary = 0;    // gradient shard to the host, last micro-batch only
+  double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
+  double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
+  double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
+  // --- optimizer -----------------------------------------------------------
+  double opt_on_cpu = 0;
+  double opt_params_rank = 0;       // parameters this rank updates
+  double opt_bytes_per_param = 0;   // memory traffic of one update
+  double opt_flops_per_param = 0;
+  double ranks_per_node = 1;        // ranks sharing one host's CPU optimizer
+  double cpu_cores_node = 0, cpu_simd_lanes = 0, dram_bytes_per_s = 0;
+  // --- accounting ----------------------------------------------------------
+  double world_size = 1;
+  double tokens_per_micro = 0;      // micro-batch x sequence
+  double model_flops_per_token = 0; // 6 N + 6 L d_attn s (MFU numerator, no recompute)
+};
+
+struct MemoryFeatures {
+  // GPU, per rank (bytes)
+  double gpu_params_bytes = 0;
+  double gpu_grads_bytes = 0;
+  double gpu_opt_states_bytes = 0;     // fp32 master weights + optimizer moments on the GPU
+  double gpu_buffers_bytes = 0;        // communication buckets, stage-3 gather/prefetch buffers
+  double act_bytes = 0;                // analytic saved activations of one micro-batch at peak
+  double logits_elems = 0;             // b * s * vocab
+  double logit_bytes = 0;              // bytes of one logit element (2 or 4)
+  // host, per rank (bytes)
+  double host_opt_states_bytes = 0;
+  double host_grads_bytes = 0;
+  double host_params_bytes = 0;        // stage-3 parameter offload
+  double host_pinned_buffers_bytes = 0;
+  double ranks_per_node = 1;
+};
+
+struct Features {
+  StepFeatures step;
+  MemoryFeatures memory;
+};
+
+// Bytes per parameter of the optimizer state kept per updated parameter
+// (fp32 master weights when the working copy is 16-bit, plus the moments).
+double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision);
+
+// Parameters held in tensors below bitsandbytes' min_8bit_size (4096
+// elements): they keep 32-bit states under 8-bit AdamW.
+int64_t small_tensor_params(const ModelSpec& spec, int64_t min_8bit_size = 4096);
+
+// Analytic activation elements saved per token per layer (see features.cpp).
+double activation_elems_per_token_per_layer(const ModelSpec& spec, AttentionKind attention,
+                                            double seq_len);
+
+// Node-level overrides of the profile (planner flags --cpu-cores, --cpu-mem-gib, --gpu-mem-gib).
+struct ResourceLimits {
+  double gpu_memory_bytes = 0;       // 0 = the profile's
+  double host_memory_bytes_node = 0; // 0 = the profile's per-GPU figure x GPUs per node
+  double cpu_cores_node = 0;         // 0 = the profile's per-GPU figure x GPUs per node
+};
+
+Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,
+                       const ResourceLimits& limits = {});
+
+// Reduction bucket size in elements: Hugging Face's "auto" value h^2 for
+// DeepSpeed's reduce_bucket_size, which the DeepSpeed config also writes.
+double bucket_elems(const ModelSpec& spec);
+
+}  // namespace stepcast

@@ -1,0 +1,167 @@
+// The step-time model: one formula, templated on the scalar type T (double in
+// the planner, ceres::Jet in calibrate's fit), over a coefficient vector
+// indexed by Coef. No configuration enum is read here; step_features.h has
+// already turned the configuration into numbers.
+//
+// Structure of one optimizer step of GAS micro-batches on one rank:
+//   micro-batch   = forward + backward (+ recompute)
+//                   + exposed gradient reduction (hidden behind backward up to a share)
+//                   + exposed parameter gathers / uploads (hidden behind compute up to a share)
+//                   + exposed gradient copies to the host (hidden behind backward up to a share)
+//   GAS time      = (GAS - 1) non-boundary micro-batches            (founding report's "GAS Time")
+//   OPT time      = last micro-batch (with the boundary reduction)
+//                   + optimizer step + parameter upload + post-step all-gather   ("OPT Time")
+//   step          = GAS time + OPT time
+#pragma once
+
+#include "model/coefficients.h"
+#include "model/step_features.h"
+
+namespace stepcast {
+
+template <class T>
+struct StepTime {
+  // Per step (all GAS micro-batches), seconds.
+  T forward{}, backward{}, recompute{};
+  T grad_comm{}, param_gather{}, offload_transfer{};  // exposed (not hidden by overlap)
+  T grad_comm_total{}, param_gather_total{}, offload_transfer_total{};  // before overlap
+  T optimizer{};
+  T gas{}, opt{}, step{};
+};
+
+namespace detail {
+
+template <class T>
+T max0(const T& x) {
+  return x > T(0.0) ? x : T(0.0);
+}
+
+template <class T>
+T min2(const T& a, const T& b) {
+  return a < b ? a : b;
+}
+
+template <class T>
+T max2(const T& a, const T& b) {
+  return a > b ? a : b;
+}
+
+// Efficiency of one GEMM: the best efficiency, reduced in each dimension d by
+// d / (d + half): small dimensions under-fill the tensor cores' tiles.
+template <class T>
+T gemm_efficiency(const GemmShape& g, const T* coef) {
+  const T& half = coef[kGemmHalfDim];
+  return coef[kGemmEffMaxFrac] * (g.m / (g.m + half)) * (g.n / (g.n + half)) *
+         (g.k / (g.k + half));
+}
+
+// nccl-tests model of a collective: latency per call + bytes * bus factor / bus
+// bandwidth. `allreduce` selects the all-reduce efficiency; reduce-scatter and
+// all-gather run at rs_ag_bus_eff_mult of it.
+template <class T>
+T collective_time_s(double bytes, double calls, double bus_factor, bool allreduce,
+                    const StepFeatures& f, const T* coef) {
+  if (bytes <= 0.0) return T(0.0);
+  T eff = f.link_is_inter_node > 0.0 ? coef[kInterBusEffFrac] : coef[kIntraBusEffFrac];
+  if (!allreduce) eff = eff * coef[kRsAgBusEffMult];
+  const T latency = coef[kCollLatencyS] + f.extra_latency_s;
+  return calls * latency + bytes * bus_factor / (f.link_bytes_per_s * eff);
+}
+
+}  // namespace detail
+
+template <class T>
+StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
+  using detail::max0;
+  StepTime<T> out;
+
+  // --- compute of one micro-batch ------------------------------------------
+  T gemm_fwd_s(0.0);
+  for (const GemmShape& g : f.gemms) {
+    if (g.count <= 0.0) continue;
+    const double flops = 2.0 * g.m * g.n * g.k * g.count;
+    gemm_fwd_s += flops / (f.peak_flops_per_s * detail::gemm_efficiency(g, coef));
+  }
+  T attn_eff = f.attn_uses_gemm_eff > 0.0
+                   ? detail::gemm_efficiency(GemmShape{f.seq_len, f.seq_len, 128.0, 1.0}, coef)
+                   : coef[kAttnEffMaxFrac] * (f.seq_len / (f.seq_len + coef[kAttnHalfSeqTokens]));
+  const T attn_fwd_s = f.attn_fwd_flops / (f.peak_flops_per_s * attn_eff);
+  const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;
+  const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
+
+  const T fwd_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s;
+  const T bwd_s = coef[kBackwardSlowdownMult] *
+                      (2.0 * gemm_fwd_s + f.attn_bwd_flops_mult * attn_fwd_s + 2.0 * elementwise_fwd_s) +
+                  overhead_s;
+  const T recompute_s = f.recompute * fwd_s;
+  const T compute_s = fwd_s + bwd_s + recompute_s;
+
+  // --- communication and transfers of one micro-batch -----------------------
+  const bool allreduce = f.grad_comm_is_allreduce > 0.0;
+  const T rs_micro_s = detail::collective_time_s(f.grad_comm_bytes_micro, f.grad_comm_calls_micro,
+                                                 f.grad_comm_bus_factor, allreduce, f, coef);
+  const T rs_boundary_s =
+      detail::collective_time_s(f.grad_comm_bytes_boundary, f.grad_comm_calls_boundary,
+                                f.grad_comm_bus_factor, allreduce, f, coef);
+  const T gather_s = detail::collective_time_s(f.gather_bytes_micro, f.gather_calls_micro,
+                                               f.gather_bus_factor, false, f, coef);
+  const T pcie_h2d = f.h2d_bytes_per_s * coef[kPcieEffFrac];
+  const T pcie_d2h = f.d2h_bytes_per_s * coef[kPcieEffFrac];
+  const T param_up_s = f.param_h2d_bytes_micro / pcie_h2d;
+  const T d2h_micro_s = f.d2h_bytes_micro / pcie_d2h;
+  const T d2h_boundary_s = f.d2h_bytes_boundary / pcie_d2h;
+
+  // Overlap: gradient reduction and copies to the host run on their own
+  // streams during backward; gathers and uploads are prefetched during compute.
+  const T grad_window = coef[kGradCommOverlapFrac] * bwd_s;
+  const T copy_window = coef[kOffloadOverlapFrac] * bwd_s;
+  const T gather_window = coef[kGatherOverlapFrac] * compute_s;
+  const T gather_exposed = max0(gather_s + param_up_s - gather_window);
+  const T rs_exposed_micro = max0(rs_micro_s - grad_window);
+  const T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
+  const T d2h_exposed_micro = max0(d2h_micro_s - copy_window);
+  const T d2h_exposed_boundary = max0(d2h_micro_s + d2h_boundary_s - copy_window);
+
+  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + d2h_exposed_micro;
+  const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
+
+  // --- optimizer step --------------------------------------------------------
+  T optimizer_s(0.0);
+  if (f.opt_on_cpu > 0.0) {
+    // All ranks of a host run their CPU optimizers at once and share its cores
+    // and DRAM: stream rate = min(DRAM, cores x per-core rate), arithmetic from
+    // cores x SIMD lanes.
+    const double host_params = f.opt_params_rank * f.ranks_per_node;
+    const T stream_bps = detail::min2(T(f.dram_bytes_per_s) * coef[kCpuDramEffFrac],
+                                      f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuCoreBytesPerSPerLane]);
+    const T memory_s = host_params * f.opt_bytes_per_param / stream_bps;
+    const T arith_s = host_params * f.opt_flops_per_param /
+                      (f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuLaneFlopsPerS]);
+    optimizer_s = detail::max2(memory_s, arith_s) + coef[kOptStepOverheadS];
+  } else {
+    optimizer_s = f.opt_params_rank * f.opt_bytes_per_param / (f.hbm_bytes_per_s * coef[kGpuOptBwEffFrac]) +
+                  coef[kOptStepOverheadS];
+  }
+  const T upload_s = f.h2d_bytes_step / pcie_h2d;
+  const T post_gather_s = detail::collective_time_s(f.post_step_gather_bytes, f.post_step_gather_calls,
+                                                    f.gather_bus_factor, false, f, coef);
+
+  // --- the step --------------------------------------------------------------
+  const double g = f.gas;
+  out.forward = g * fwd_s;
+  out.backward = g * bwd_s;
+  out.recompute = g * recompute_s;
+  out.grad_comm = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + post_gather_s;
+  out.grad_comm_total = g * rs_micro_s + rs_boundary_s + post_gather_s;
+  out.param_gather = g * gather_exposed;
+  out.param_gather_total = g * (gather_s + param_up_s);
+  out.offload_transfer = (g - 1.0) * d2h_exposed_micro + d2h_exposed_boundary + upload_s;
+  out.offload_transfer_total = g * d2h_micro_s + d2h_boundary_s + upload_s;
+  out.optimizer = optimizer_s;
+  out.gas = (g - 1.0) * micro_s;
+  out.opt = boundary_micro_s + optimizer_s + upload_s + post_gather_s;
+  out.step = out.gas + out.opt;
+  return out;
+}
+
+}  // namespace stepcast

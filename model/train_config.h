@@ -1,0 +1,50 @@
+// TrainConfig: one training configuration as the user chooses it (the flags
+// of `planner explain` and `train`). Enums live here; step_features.h turns a
+// config into plain numbers before any templated formula runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/hardware.h"
+
+namespace stepcast {
+
+enum class OffloadDevice { kNone, kCpu };
+enum class OptimizerKind { kAdamW, kAdamW8bit };
+enum class AttentionKind { kFlash, kMath };  // fused SDPA kernels, or softmax(QK^T)V materialised
+
+struct TrainConfig {
+  int zero_stage = 0;  // 0..3
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  OffloadDevice offload_params = OffloadDevice::kNone;  // stage 3 only
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  Precision precision = Precision::kBf16;
+  int64_t micro_batch = 1;
+  int64_t gas = 1;
+  int64_t seq_len = 2048;
+  int gpus_per_node = 1;
+  int nodes = 1;
+  bool activation_checkpointing = false;
+  AttentionKind attention = AttentionKind::kFlash;
+
+  int world_size() const { return gpus_per_node * nodes; }
+  int64_t global_batch() const { return micro_batch * gas * world_size(); }
+};
+
+const char* offload_name(OffloadDevice d);
+const char* optimizer_name(OptimizerKind o);
+const char* attention_name(AttentionKind a);
+OffloadDevice parse_offload(const std::string& text, const std::string& what);
+OptimizerKind parse_optimizer(const std::string& text, const std::string& what);
+AttentionKind parse_attention(const std::string& text, const std::string& what);
+
+// Throws InputError for combinations that make no sense (stage 5, parameter
+// offload below stage 3, optimizer offload at stage 0, non-positive sizes).
+void validate_config(const TrainConfig& config);
+
+// "stage 3 + CPU optimizer offload + 8-bit AdamW": the family a config
+// belongs to, without micro-batch, GAS and checkpointing.
+std::string family_name(const TrainConfig& config);
+
+}  // namespace stepcast

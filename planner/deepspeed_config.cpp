@@ -1,0 +1,92 @@
+#include "planner/deepspeed_config.h"
+
+#include <sstream>
+
+#include "model/step_features.h"
+
+namespace stepcast {
+
+LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
+  LauncherConfig out;
+  nlohmann::json& ds = out.deepspeed;
+  ds["train_micro_batch_size_per_gpu"] = c.micro_batch;
+  ds["gradient_accumulation_steps"] = c.gas;
+  ds["train_batch_size"] = c.micro_batch * c.gas * c.world_size();
+  ds["gradient_clipping"] = 1.0;
+  ds["steps_per_print"] = 10;
+  ds["wall_clock_breakdown"] = false;
+  ds["bf16"] = {{"enabled", c.precision == Precision::kBf16}};
+  if (c.precision == Precision::kFp16) {
+    ds["fp16"] = {{"enabled", true},
+                  {"loss_scale", 0},
+                  {"initial_scale_power", 16},
+                  {"loss_scale_window", 1000},
+                  {"hysteresis", 2},
+                  {"min_loss_scale", 1}};
+  } else {
+    ds["fp16"] = {{"enabled", false}};
+  }
+  const bool offload = c.offload_optimizer == OffloadDevice::kCpu;
+  if (c.optimizer == OptimizerKind::kAdamW || offload) {
+    ds["optimizer"] = {{"type", "AdamW"},
+                       {"params", {{"lr", 2e-5}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.0}}}};
+  }
+  if (c.optimizer == OptimizerKind::kAdamW8bit) {
+    if (offload) {
+      out.notes.push_back(
+          "8-bit AdamW with offloaded states is a Stepcast backend feature: DeepSpeed runs its fp32 CPU "
+          "Adam for this config (expect the fp32 optimizer's time, not the plan's)");
+    } else {
+      out.notes.push_back(
+          "8-bit AdamW: no \"optimizer\" block; pass bitsandbytes.optim.AdamW8bit(model.parameters()) "
+          "to deepspeed.initialize(optimizer=...) (HF Trainer: optim=\"adamw_bnb_8bit\")");
+    }
+  }
+  if (c.activation_checkpointing)
+    out.notes.push_back("activation checkpointing: call model.gradient_checkpointing_enable() "
+                        "(HF Trainer: gradient_checkpointing=True)");
+
+  nlohmann::json zero = {{"stage", c.zero_stage}};
+  if (c.zero_stage > 0) {
+    // Hugging Face's "auto" bucket sizes, written out (REFERENCE.md section 3).
+    const double h = static_cast<double>(model.hidden_size);
+    const auto bucket = static_cast<int64_t>(bucket_elems(model));
+    zero["overlap_comm"] = true;
+    zero["contiguous_gradients"] = true;
+    zero["reduce_scatter"] = true;
+    zero["reduce_bucket_size"] = bucket;
+    zero["offload_optimizer"] = {{"device", offload_name(c.offload_optimizer)}, {"pin_memory", true}};
+    if (c.zero_stage <= 2) {
+      zero["allgather_partitions"] = true;
+      zero["allgather_bucket_size"] = bucket;
+    } else {
+      zero["stage3_prefetch_bucket_size"] = static_cast<int64_t>(0.9 * h * h);
+      zero["stage3_param_persistence_threshold"] = static_cast<int64_t>(10 * h);
+      zero["stage3_max_live_parameters"] = static_cast<int64_t>(1e9);
+      zero["stage3_max_reuse_distance"] = static_cast<int64_t>(1e9);
+      zero["stage3_gather_16bit_weights_on_model_save"] = true;
+      zero["offload_param"] = {{"device", offload_name(c.offload_params)}, {"pin_memory", true}};
+    }
+  }
+  ds["zero_optimization"] = zero;
+  return out;
+}
+
+std::string accelerate_yaml(const TrainConfig& c, const std::string& deepspeed_json_path) {
+  std::ostringstream y;
+  y << "compute_environment: LOCAL_MACHINE\n"
+    << "distributed_type: DEEPSPEED\n"
+    << "deepspeed_config:\n"
+    << "  deepspeed_config_file: " << deepspeed_json_path << "\n"
+    << "  zero3_init_flag: " << (c.zero_stage == 3 ? "true" : "false") << "\n"
+    << "machine_rank: 0\n"
+    << "main_training_function: main\n"
+    << "num_machines: " << c.nodes << "\n"
+    << "num_processes: " << c.world_size() << "\n"
+    << "rdzv_backend: static\n"
+    << "same_network: true\n"
+    << "use_cpu: false\n";
+  return y.str();
+}
+
+}  // namespace stepcast

@@ -1,0 +1,375 @@
+// planner: rank training configurations for a model and a budget with the
+// analytic cost model, or explain one configuration.
+//
+//   planner recommend --model 6b --gpus 2 [--json] [--deepspeed-config FILE]
+//   planner explain --model llama-2-7b --gpus 2 --stage 2 --micro-batch 4 --gas 4
+//   planner models [--json]      planner hardware [--json]
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "model/errors.h"
+#include "planner/atomic_file.h"
+#include "planner/deepspeed_config.h"
+#include "planner/plan_search.h"
+#include "planner/report.h"
+
+namespace stepcast {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+struct CommonOptions {
+  std::string model;
+  std::string hardware = "h200-sxm";
+  std::string data_dir;
+  int gpus = 1;
+  int nodes = 1;
+  int64_t seq = 2048;
+  std::string precision = "bf16";
+  std::string attention = "flash";
+  double gpu_mem_gib = 0;
+  double cpu_mem_gib = 0;
+  double cpu_cores = 0;
+  bool json = false;
+  std::string deepspeed_config;
+  std::string accelerate_config;
+  double train_tokens = 0;
+};
+
+void add_common(CLI::App* app, CommonOptions& o) {
+  app->add_option("--model", o.model,
+                  "catalog name or alias (see `planner models`), a .toml card, a Hugging Face "
+                  "config.json or a folder holding one")
+      ->required();
+  app->add_option("--gpus", o.gpus, "GPUs per node (data-parallel ranks per node)")->capture_default_str();
+  app->add_option("--nodes", o.nodes, "nodes")->capture_default_str();
+  app->add_option("--hardware", o.hardware, "hardware profile name or .toml path (see `planner hardware`)")
+      ->capture_default_str();
+  app->add_option("--seq", o.seq, "sequence length in tokens")->capture_default_str();
+  app->add_option("--precision", o.precision, "fp32 | bf16 | fp16 (bf16/fp16: mixed precision with fp32 master weights)")
+      ->capture_default_str();
+  app->add_option("--attention", o.attention, "flash (fused SDPA kernels) | math (materialised softmax)")
+      ->capture_default_str();
+  app->add_option("--gpu-mem-gib", o.gpu_mem_gib, "usable memory per GPU in GiB (default: the profile's)");
+  app->add_option("--cpu-mem-gib", o.cpu_mem_gib, "host memory per node in GiB (default: profile's per-GPU figure x GPUs)");
+  app->add_option("--cpu-cores", o.cpu_cores, "CPU cores per node for the CPU optimizer (default: profile's per-GPU figure x GPUs)");
+  app->add_option("--train-tokens", o.train_tokens, "tokens to train on: adds training time and cost");
+  app->add_flag("--json", o.json, "print one JSON object instead of tables");
+  app->add_option("--deepspeed-config", o.deepspeed_config, "write a DeepSpeed JSON for the (top) plan to FILE");
+  app->add_option("--accelerate-config", o.accelerate_config,
+                  "write an Accelerate YAML for the (top) plan to FILE (needs --deepspeed-config)");
+  app->add_option("--data-dir", o.data_dir, "folder with models/ and hardware/ (default: the build's data/)");
+}
+
+std::filesystem::path data_dir(const CommonOptions& o) {
+  if (!o.data_dir.empty()) return o.data_dir;
+  if (const char* env = std::getenv("STEPCAST_DATA_DIR")) return env;
+  return STEPCAST_DATA_DIR;
+}
+
+void check_positive(const char* flag, double v, bool allow_zero) {
+  if (!(v > 0 || (allow_zero && v == 0)) || !std::isfinite(v)) {
+    std::ostringstream msg;
+    msg << flag << " " << v << " must be " << (allow_zero ? "positive (or omitted)" : "positive");
+    throw InputError(msg.str());
+  }
+}
+
+TrainConfig base_config(const CommonOptions& o) {
+  if (o.gpus < 1) throw InputError("--gpus " + std::to_string(o.gpus) + " must be at least 1");
+  if (o.nodes < 1) throw InputError("--nodes " + std::to_string(o.nodes) + " must be at least 1");
+  if (o.seq < 1) throw InputError("--seq " + std::to_string(o.seq) + " must be at least 1");
+  check_positive("--gpu-mem-gib", o.gpu_mem_gib, true);
+  check_positive("--cpu-mem-gib", o.cpu_mem_gib, true);
+  check_positive("--cpu-cores", o.cpu_cores, true);
+  check_positive("--train-tokens", o.train_tokens, true);
+  if (!o.accelerate_config.empty() && o.deepspeed_config.empty())
+    throw InputError("--accelerate-config needs --deepspeed-config (the YAML points at the JSON)");
+  TrainConfig c;
+  c.gpus_per_node = o.gpus;
+  c.nodes = o.nodes;
+  c.seq_len = o.seq;
+  c.precision = parse_precision(o.precision, "--precision");
+  c.attention = parse_attention(o.attention, "--attention");
+  return c;
+}
+
+ResourceLimits limits_of(const CommonOptions& o) {
+  return ResourceLimits{o.gpu_mem_gib * kGiB, o.cpu_mem_gib * kGiB, o.cpu_cores};
+}
+
+// Writes the launcher configs for `plan`, atomically; returns the notes to print.
+std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec& model,
+                                         const Prediction& plan) {
+  std::vector<std::string> notes;
+  if (o.deepspeed_config.empty()) return notes;
+  LauncherConfig lc = deepspeed_config(model, plan.config);
+  // Build every output before writing any, so a failure leaves nothing half-done.
+  const std::string ds_text = lc.deepspeed.dump(2) + "\n";
+  std::string yaml;
+  if (!o.accelerate_config.empty()) yaml = accelerate_yaml(plan.config, o.deepspeed_config);
+  write_file_atomic(o.deepspeed_config, ds_text);
+  notes.push_back("DeepSpeed config written to " + o.deepspeed_config);
+  if (!yaml.empty()) {
+    write_file_atomic(o.accelerate_config, yaml);
+    notes.push_back("Accelerate config written to " + o.accelerate_config);
+  }
+  for (const auto& n : lc.notes) notes.push_back(n);
+  return notes;
+}
+
+std::vector<OptimizerKind> parse_optimizer_list(const std::string& list) {
+  std::vector<OptimizerKind> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    out.push_back(parse_optimizer(item, "--optimizers item"));
+  }
+  if (out.empty()) throw InputError("--optimizers \"" + list + "\" names no optimizer (valid: adamw, adamw8bit)");
+  return out;
+}
+
+int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
+                  int top_k, bool no_offload) {
+  TrainConfig base = base_config(o);
+  if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
+  SearchRequest req;
+  req.model = resolve_model(o.model, data_dir(o));
+  req.hardware = resolve_hardware(o.hardware, data_dir(o));
+  req.base = base;
+  req.limits = limits_of(o);
+  req.global_batch = global_batch;
+  req.optimizers = parse_optimizer_list(optimizers);
+  req.allow_offload = !no_offload;
+  SearchResult res = search_plans(req);
+  ReportContext ctx{&req.model, &req.hardware, o.train_tokens};
+
+  std::vector<std::string> notes;
+  if (!res.ranked.empty()) notes = write_launchers(o, req.model, res.ranked.front());
+
+  const size_t shown = std::min(res.ranked.size(), static_cast<size_t>(top_k));
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = model_to_json(req.model);
+    j["hardware"] = hardware_to_json(req.hardware, base);
+    j["request"] = {{"global_batch", global_batch}, {"seq_len", base.seq_len},
+                    {"precision", precision_name(base.precision)}, {"top", top_k}};
+    j["evaluated"] = res.evaluated;
+    j["fitting"] = res.ranked.size();
+    j["plans"] = nlohmann::json::array();
+    for (size_t i = 0; i < shown; ++i) j["plans"].push_back(plan_to_json(res.ranked[i], ctx));
+    j["families"] = nlohmann::json::array();
+    for (const auto& f : res.families) {
+      nlohmann::json fj = {{"family", f.family}, {"fits", f.any_fits}, {"why", f.why}};
+      if (f.best) {
+        fj["best_tokens_per_s"] = f.best->throughput.tokens_per_s;
+        fj["loss_frac"] = f.loss_frac;
+        fj["best"] = plan_to_json(*f.best, ctx);
+      }
+      j["families"].push_back(fj);
+    }
+    j["suggestions"] = res.suggestions;
+    j["notes"] = notes;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    const Prediction& any = res.ranked.empty() ? *res.smallest_memory : res.ranked.front();
+    std::cout << context_line(any, ctx);
+    std::cout << "global batch " << global_batch << " sequences; " << res.evaluated
+              << " configurations evaluated, " << res.ranked.size() << " fit, " << res.dropped
+              << " dropped (memory)\n\n";
+    if (!res.ranked.empty()) {
+      std::vector<Prediction> top(res.ranked.begin(), res.ranked.begin() + static_cast<long>(shown));
+      std::cout << "Top " << shown << " (ranked by predicted tokens/s)\n" << plans_table(top, ctx) << "\n";
+      std::cout << "Top plan: " << family_name(res.ranked.front().config) << ", micro-batch "
+                << res.ranked.front().config.micro_batch << ", GAS " << res.ranked.front().config.gas
+                << (res.ranked.front().config.activation_checkpointing ? ", checkpointing" : "") << "\n";
+      std::cout << breakdown_text(res.ranked.front(), ctx) << "\n";
+    }
+    std::cout << "Why the others lose (best member of each family)\n";
+    for (const auto& f : res.families) std::cout << "  " << f.family << ": " << f.why << "\n";
+    for (const auto& n : res.notes) std::cout << "note: " << n << "\n";
+    for (const auto& n : notes) std::cout << n << "\n";
+  }
+  if (res.ranked.empty()) {
+    std::cerr << "planner: nothing fits";
+    for (const auto& s : res.suggestions) std::cerr << "; " << s;
+    std::cerr << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+struct ExplainOptions {
+  int stage = 0;
+  std::string offload_optimizer = "none";
+  std::string offload_params = "none";
+  std::string optimizer = "adamw";
+  int64_t micro_batch = 1;
+  int64_t gas = 1;
+  std::string checkpointing = "off";
+};
+
+int run_explain(const CommonOptions& o, const ExplainOptions& e) {
+  TrainConfig c = base_config(o);
+  c.zero_stage = e.stage;
+  c.offload_optimizer = parse_offload(e.offload_optimizer, "--offload-optimizer");
+  c.offload_params = parse_offload(e.offload_params, "--offload-params");
+  c.optimizer = parse_optimizer(e.optimizer, "--optimizer");
+  c.micro_batch = e.micro_batch;
+  c.gas = e.gas;
+  if (e.checkpointing == "on" || e.checkpointing == "true") {
+    c.activation_checkpointing = true;
+  } else if (e.checkpointing == "off" || e.checkpointing == "false") {
+    c.activation_checkpointing = false;
+  } else {
+    throw InputError("--checkpointing \"" + e.checkpointing + "\" is not valid (valid: on, off)");
+  }
+  validate_config(c);
+  ModelSpec model = resolve_model(o.model, data_dir(o));
+  HardwareProfile hw = resolve_hardware(o.hardware, data_dir(o));
+  Prediction p = evaluate(model, hw, c, limits_of(o));
+  ReportContext ctx{&model, &hw, o.train_tokens};
+  std::vector<std::string> notes = write_launchers(o, model, p);
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = model_to_json(model);
+    j["hardware"] = hardware_to_json(hw, c);
+    j["plans"] = nlohmann::json::array({plan_to_json(p, ctx)});
+    j["notes"] = notes;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << context_line(p, ctx) << family_name(c) << ", micro-batch " << c.micro_batch << ", GAS "
+              << c.gas << (c.activation_checkpointing ? ", checkpointing" : "") << "\n\n";
+    std::cout << plans_table({p}, ctx) << "\n" << breakdown_text(p, ctx);
+    for (const auto& n : notes) std::cout << n << "\n";
+  }
+  return 0;
+}
+
+int run_models(const std::string& dir_flag, bool json) {
+  CommonOptions o;
+  o.data_dir = dir_flag;
+  nlohmann::json arr = nlohmann::json::array();
+  std::ostringstream text;
+  text << "name            aliases           type      params\n";
+  text << "--------------  ----------------  --------  --------------\n";
+  for (const auto& entry : list_model_catalog(data_dir(o))) {
+    ModelSpec m = load_model_card(entry.path);
+    nlohmann::json j = model_to_json(m);
+    j["aliases"] = entry.aliases;
+    arr.push_back(j);
+    std::string aliases;
+    for (const auto& a : entry.aliases) aliases += (aliases.empty() ? "" : ",") + a;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%-14s  %-16s  %-8s  %14lld\n", m.name.c_str(), aliases.c_str(),
+                  m.model_type.c_str(), static_cast<long long>(m.total_params()));
+    text << buf;
+  }
+  std::cout << (json ? arr.dump(2) + "\n" : text.str());
+  return 0;
+}
+
+int run_hardware(const std::string& dir_flag, bool json) {
+  CommonOptions o;
+  o.data_dir = dir_flag;
+  nlohmann::json arr = nlohmann::json::array();
+  std::ostringstream text;
+  text << "name            GPU                      memory  bf16 peak  HBM     link    calibrated\n";
+  text << "                                         GiB     TFLOP/s    TB/s\n";
+  text << "--------------  -----------------------  ------  ---------  ------  ------  ----------\n";
+  for (const auto& name : list_hardware(data_dir(o))) {
+    HardwareProfile hw = resolve_hardware(name, data_dir(o));
+    arr.push_back({{"name", hw.name},
+                   {"gpu", hw.gpu.name},
+                   {"memory_bytes", hw.gpu.memory_bytes},
+                   {"peak_bf16_flops_per_s", hw.gpu.peak_bf16_flops_per_s},
+                   {"memory_bytes_per_s", hw.gpu.memory_bytes_per_s},
+                   {"intra_node", hw.links.intra_node},
+                   {"calibrated", hw.coefs_calibrated}});
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%-14s  %-23s  %6.1f  %9.0f  %6.2f  %-6s  %s\n", hw.name.c_str(),
+                  hw.gpu.name.c_str(), hw.gpu.memory_bytes / kGiB, hw.gpu.peak_bf16_flops_per_s / 1e12,
+                  hw.gpu.memory_bytes_per_s / 1e12, hw.links.intra_node.c_str(),
+                  hw.coefs_calibrated ? "yes" : "no");
+    text << buf;
+  }
+  std::cout << (json ? arr.dump(2) + "\n" : text.str());
+  return 0;
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"Stepcast planner: predicts step time and memory of LLM fine-tuning configurations "
+               "(ZeRO stage, offload, GAS, micro-batch, optimizer, checkpointing) and ranks them."};
+  app.require_subcommand(1);
+
+  CommonOptions rec_opts;
+  int64_t global_batch = 64;
+  std::string optimizers = "adamw,adamw8bit";
+  int top_k = 5;
+  bool no_offload = false;
+  CLI::App* rec = app.add_subcommand("recommend", "rank the configurations that fit");
+  add_common(rec, rec_opts);
+  rec->add_option("--global-batch", global_batch,
+                  "sequences per optimizer step across all ranks (fixes micro-batch x GAS x ranks); "
+                  "0 lets GAS range over 1..32")
+      ->capture_default_str();
+  rec->add_option("--optimizers", optimizers, "comma-separated: adamw (fp32 states), adamw8bit (block-wise 8-bit states)")
+      ->capture_default_str();
+  rec->add_option("--top", top_k, "plans to show")->capture_default_str();
+  rec->add_flag("--no-offload", no_offload, "exclude CPU offload from the search");
+
+  CommonOptions exp_opts;
+  ExplainOptions e;
+  CLI::App* exp = app.add_subcommand("explain", "predict one configuration");
+  add_common(exp, exp_opts);
+  exp->add_option("--stage", e.stage, "ZeRO stage 0..3")->capture_default_str();
+  exp->add_option("--offload-optimizer", e.offload_optimizer, "none | cpu (stages 1-3)")->capture_default_str();
+  exp->add_option("--offload-params", e.offload_params, "none | cpu (stage 3)")->capture_default_str();
+  exp->add_option("--optimizer", e.optimizer, "adamw | adamw8bit")->capture_default_str();
+  exp->add_option("--micro-batch", e.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  exp->add_option("--gas", e.gas, "gradient accumulation steps")->capture_default_str();
+  exp->add_option("--checkpointing", e.checkpointing, "on | off (full activation checkpointing)")->capture_default_str();
+
+  std::string list_dir;
+  bool list_json = false;
+  CLI::App* models = app.add_subcommand("models", "list the model catalog");
+  models->add_flag("--json", list_json, "print JSON");
+  models->add_option("--data-dir", list_dir, "folder with models/ and hardware/");
+  CLI::App* hardware = app.add_subcommand("hardware", "list the hardware profiles");
+  hardware->add_flag("--json", list_json, "print JSON");
+  hardware->add_option("--data-dir", list_dir, "folder with models/ and hardware/");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForAllHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::ParseError& err) {
+    std::cerr << "planner: error: " << err.what() << " (see planner --help)\n";
+    return 2;
+  }
+  if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload);
+  if (exp->parsed()) return run_explain(exp_opts, e);
+  if (models->parsed()) return run_models(list_dir, list_json);
+  if (hardware->parsed()) return run_hardware(list_dir, list_json);
+  return 2;
+}
+
+}  // namespace
+}  // namespace stepcast
+
+int main(int argc, char** argv) {
+  try {
+    return stepcast::main_impl(argc, argv);
+  } catch (const stepcast::InputError& err) {
+    std::cerr << "planner: error: " << err.what() << "\n";
+    return 2;
+  } catch (const std::exception& err) {
+    std::cerr << "planner: error: " << err.what() << "\n";
+    return 2;
+  }
+}

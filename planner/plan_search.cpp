@@ -1,0 +1,261 @@
+#include "planner/plan_search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "model/errors.h"
+
+namespace stepcast {
+
+namespace {
+
+struct Component {
+  const char* name;
+  double seconds;
+};
+
+std::vector<Component> components(const Prediction& p) {
+  const auto& t = p.time;
+  const bool cpu = p.config.offload_optimizer == OffloadDevice::kCpu;
+  const bool q8 = p.config.optimizer == OptimizerKind::kAdamW8bit;
+  const char* opt = cpu ? (q8 ? "the 8-bit CPU AdamW" : "the CPU AdamW")
+                        : (q8 ? "the 8-bit GPU AdamW" : "the GPU AdamW");
+  return {
+      {"forward and backward compute", t.forward + t.backward},
+      {"activation recomputation", t.recompute},
+      {"exposed gradient reduction", t.grad_comm},
+      {"exposed parameter gathering", t.param_gather},
+      {"exposed PCIe offload copies", t.offload_transfer},
+      {opt, t.optimizer},
+  };
+}
+
+std::string pct(double frac) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f %%", 100.0 * frac);
+  return buf;
+}
+
+std::string fmt_tps(double tps) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f tokens/s", tps);
+  return buf;
+}
+
+// The component whose time per sample grew most against the top plan.
+std::string largest_increase(const Prediction& p, const Prediction& top) {
+  const auto a = components(p);
+  const auto b = components(top);
+  const double sp = static_cast<double>(p.config.micro_batch * p.config.gas);
+  const double st = static_cast<double>(top.config.micro_batch * top.config.gas);
+  size_t best = 0;
+  double best_delta = -1e300;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double delta = a[i].seconds / sp - b[i].seconds / st;
+    if (delta > best_delta) {
+      best_delta = delta;
+      best = i;
+    }
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s costs %.1f ms more per sample", a[best].name, 1e3 * best_delta);
+  return buf;
+}
+
+}  // namespace
+
+double complexity(const TrainConfig& c) {
+  double score = 0;
+  if (c.offload_params == OffloadDevice::kCpu) score += 2;
+  if (c.offload_optimizer == OffloadDevice::kCpu) score += 1;
+  if (c.zero_stage == 3) score += 0.5;
+  if (c.optimizer == OptimizerKind::kAdamW8bit) score += 0.5;
+  if (c.activation_checkpointing) score += 0.5;
+  return score;
+}
+
+double ranking_score(const Prediction& p) {
+  return p.throughput.tokens_per_s * (1.0 - 0.005 * complexity(p.config));
+}
+
+std::string dominant_cost(const Prediction& p, double* share_out) {
+  // Compute is the work itself; name the largest cost beyond it.
+  const auto comps = components(p);
+  size_t best = 1;
+  for (size_t i = 2; i < comps.size(); ++i)
+    if (comps[i].seconds > comps[best].seconds) best = i;
+  const double share = comps[best].seconds / p.time.step;
+  if (share_out) *share_out = share;
+  return pct(share) + " of the step is " + comps[best].name;
+}
+
+SearchResult search_plans(const SearchRequest& req) {
+  const int world = req.base.world_size();
+  if (world < 1) throw InputError("--gpus and --nodes must be at least 1");
+  if (req.global_batch < 0)
+    throw InputError("--global-batch " + std::to_string(req.global_batch) + " must not be negative");
+  if (req.global_batch > 0 && req.global_batch % world != 0)
+    throw InputError("--global-batch " + std::to_string(req.global_batch) +
+                     " is not a multiple of the " + std::to_string(world) +
+                     " data-parallel ranks (--gpus x --nodes)");
+  if (req.optimizers.empty()) throw InputError("--optimizers must name at least one optimizer");
+
+  SearchResult result;
+  std::vector<Prediction> all;
+  bool skipped_single_rank = false;
+  for (int stage : req.stages) {
+    for (OffloadDevice off_opt : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+      if (off_opt == OffloadDevice::kCpu && (stage == 0 || !req.allow_offload)) continue;
+      for (OffloadDevice off_par : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+        if (off_par == OffloadDevice::kCpu && (stage != 3 || !req.allow_offload)) continue;
+        // On one rank, stages 1-3 without offload partition nothing: they are stage 0.
+        if (world == 1 && stage > 0 && off_opt == OffloadDevice::kNone &&
+            off_par == OffloadDevice::kNone) {
+          skipped_single_rank = true;
+          continue;
+        }
+        for (OptimizerKind opt : req.optimizers) {
+          for (bool ckpt : req.checkpointing) {
+            for (int64_t micro : req.micro_batches) {
+              std::vector<int64_t> gas_list;
+              if (req.global_batch > 0) {
+                const int64_t per_rank = req.global_batch / world;
+                if (per_rank % micro != 0) continue;
+                gas_list = {per_rank / micro};
+              } else {
+                gas_list = req.gas_values;
+              }
+              for (int64_t gas : gas_list) {
+                TrainConfig c = req.base;
+                c.zero_stage = stage;
+                c.offload_optimizer = off_opt;
+                c.offload_params = off_par;
+                c.optimizer = opt;
+                c.activation_checkpointing = ckpt;
+                c.micro_batch = micro;
+                c.gas = gas;
+                Features f = make_features(req.model, req.hardware, c, req.limits);
+                all.push_back(evaluate_features(f, c, req.hardware, req.hardware.coefs, req.limits));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if (skipped_single_rank)
+    result.notes.push_back("on one GPU, stages 1-3 without offload partition nothing and equal stage 0: not listed");
+  if (all.empty())
+    throw InputError("--global-batch " + std::to_string(req.global_batch) +
+                     " leaves no micro-batch in the search (needs a multiple of " +
+                     std::to_string(world) + " ranks x a micro-batch)");
+  result.evaluated = all.size();
+
+  auto better = [](const Prediction& a, const Prediction& b) {
+    const double ka = ranking_score(a), kb = ranking_score(b);
+    if (ka != kb) return ka > kb;
+    return a.memory.gpu_total < b.memory.gpu_total;
+  };
+  for (const auto& p : all) {
+    if (p.fits) result.ranked.push_back(p);
+    if (!result.smallest_memory || p.memory.gpu_total < result.smallest_memory->memory.gpu_total)
+      result.smallest_memory = p;
+  }
+  result.dropped = all.size() - result.ranked.size();
+  std::sort(result.ranked.begin(), result.ranked.end(), better);
+
+  // Families, in order of their best member.
+  std::map<std::string, FamilyOutcome> fams;
+  for (const auto& p : all) {
+    FamilyOutcome& fo = fams[family_name(p.config)];
+    fo.family = family_name(p.config);
+    if (p.fits) {
+      fo.any_fits = true;
+      if (!fo.best || better(p, *fo.best)) fo.best = p;
+    } else if (!fo.smallest_memory || p.memory.gpu_total < fo.smallest_memory->memory.gpu_total) {
+      fo.smallest_memory = p;
+    }
+  }
+  const Prediction* top = result.ranked.empty() ? nullptr : &result.ranked.front();
+  for (auto& [name, fo] : fams) {
+    char buf[400];
+    if (!fo.any_fits) {
+      const Prediction& s = *fo.smallest_memory;
+      std::snprintf(buf, sizeof buf, "does not fit: %s even at micro-batch %lld%s",
+                    s.reason.c_str(), static_cast<long long>(s.config.micro_batch),
+                    s.config.activation_checkpointing ? " with checkpointing" : "");
+      fo.why = buf;
+    } else if (top) {
+      const Prediction& b = *fo.best;
+      fo.loss_frac = 1.0 - b.throughput.tokens_per_s / top->throughput.tokens_per_s;
+      if (family_name(b.config) == family_name(top->config)) {
+        fo.why = "the top plan's family; " + dominant_cost(b);
+      } else if (fo.loss_frac < 0.01) {
+        std::snprintf(buf, sizeof buf,
+                      "%s, within 1 %% of the top plan (a tie at the model's accuracy; the simpler "
+                      "plan ranks first); %s",
+                      fmt_tps(b.throughput.tokens_per_s).c_str(), dominant_cost(b).c_str());
+        fo.why = buf;
+      } else {
+        std::snprintf(buf, sizeof buf, "%s, %s slower than the top plan: %s; %s",
+                      fmt_tps(b.throughput.tokens_per_s).c_str(), pct(fo.loss_frac).c_str(),
+                      dominant_cost(b).c_str(), largest_increase(b, *top).c_str());
+        fo.why = buf;
+      }
+    }
+    result.families.push_back(fo);
+  }
+  std::sort(result.families.begin(), result.families.end(),
+            [](const FamilyOutcome& a, const FamilyOutcome& b) {
+              if (a.any_fits != b.any_fits) return a.any_fits;
+              if (a.any_fits) return a.loss_frac < b.loss_frac;
+              return a.smallest_memory->memory.gpu_total < b.smallest_memory->memory.gpu_total;
+            });
+
+  // Nothing fits: say what would.
+  if (result.ranked.empty()) {
+    const Prediction& s = *result.smallest_memory;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "the smallest configuration (%s, micro-batch %lld%s) %s",
+                  family_name(s.config).c_str(), static_cast<long long>(s.config.micro_batch),
+                  s.config.activation_checkpointing ? ", checkpointing" : "", s.reason.c_str());
+    result.suggestions.push_back(buf);
+    // More GPUs: the least-memory configuration shrinks as stage 3 shards over more ranks.
+    for (int factor = 2; factor <= 256; factor *= 2) {
+      TrainConfig c = s.config;
+      const int total = world * factor;
+      const int per_node_max = std::max(1, req.hardware.links.gpus_per_node_max);
+      c.gpus_per_node = std::min(total, per_node_max);
+      c.nodes = (total + c.gpus_per_node - 1) / c.gpus_per_node;
+      c.gas = 1;
+      Prediction p = evaluate(req.model, req.hardware, c, ResourceLimits{req.limits.gpu_memory_bytes, 0, 0});
+      if (p.fits) {
+        std::snprintf(buf, sizeof buf, "would fit on %d GPUs (--gpus %d --nodes %d): %.1f GiB per GPU",
+                      total, c.gpus_per_node, c.nodes, p.memory.gpu_total / 1073741824.0);
+        result.suggestions.push_back(buf);
+        break;
+      }
+    }
+    if (std::find(req.optimizers.begin(), req.optimizers.end(), OptimizerKind::kAdamW8bit) ==
+        req.optimizers.end()) {
+      TrainConfig c = s.config;
+      c.optimizer = OptimizerKind::kAdamW8bit;
+      Prediction p = evaluate(req.model, req.hardware, c, req.limits);
+      if (p.fits) result.suggestions.push_back("would fit with 8-bit optimizer states (--optimizers adamw8bit)");
+    }
+    if (!req.allow_offload) result.suggestions.push_back("CPU offload was excluded: allow it");
+    if (req.base.seq_len > 512) {
+      TrainConfig c = s.config;
+      c.seq_len = req.base.seq_len / 2;
+      Prediction p = evaluate(req.model, req.hardware, c, req.limits);
+      if (p.fits)
+        result.suggestions.push_back("would fit at --seq " + std::to_string(c.seq_len));
+    }
+  }
+  return result;
+}
+
+}  // namespace stepcast

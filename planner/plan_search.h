@@ -1,0 +1,63 @@
+// The planner's search: enumerate ZeRO stage x optimizer offload x parameter
+// offload x optimizer x checkpointing x micro-batch x GAS, evaluate each with
+// the cost model, keep why the losers lose.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/prediction.h"
+
+namespace stepcast {
+
+struct SearchRequest {
+  ModelSpec model;
+  HardwareProfile hardware;
+  TrainConfig base;          // seq_len, precision, gpus_per_node, nodes, attention
+  ResourceLimits limits;
+  int64_t global_batch = 64; // sequences per optimizer step; 0 = free (GAS from gas_values)
+  std::vector<OptimizerKind> optimizers = {OptimizerKind::kAdamW, OptimizerKind::kAdamW8bit};
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<int64_t> gas_values = {1, 2, 4, 8, 16, 32};  // when global_batch == 0
+  std::vector<int> stages = {0, 1, 2, 3};
+  bool allow_offload = true;
+  std::vector<bool> checkpointing = {false, true};
+};
+
+// The best configuration of one family (stage + offload + optimizer) and why
+// it loses to the overall best.
+struct FamilyOutcome {
+  std::string family;
+  bool any_fits = false;
+  std::optional<Prediction> best;            // best fitting member
+  std::optional<Prediction> smallest_memory; // when none fits: the least GPU memory member
+  double loss_frac = 0;                      // 1 - best tokens/s / top tokens/s
+  std::string why;                           // one line
+};
+
+struct SearchResult {
+  std::vector<Prediction> ranked;  // fitting configurations, best first
+  std::vector<FamilyOutcome> families;  // best family first
+  size_t evaluated = 0;
+  size_t dropped = 0;  // evaluated but not fitting
+  std::optional<Prediction> smallest_memory;  // overall, for "nothing fits"
+  std::vector<std::string> suggestions;       // when nothing fits: what would
+  std::vector<std::string> notes;             // e.g. skipped equivalents
+};
+
+// Runs the search. Throws InputError for impossible requests (global batch
+// not divisible by the world size, ...).
+SearchResult search_plans(const SearchRequest& request);
+
+// How much machinery a configuration adds (offloads, stage 3, 8-bit states,
+// checkpointing). Plans are ranked by tokens/s x (1 - 0.5 % x complexity): a
+// plan must beat a simpler one by more than the model's accuracy to rank above it.
+double complexity(const TrainConfig& config);
+double ranking_score(const Prediction& p);
+
+// "the CPU AdamW", "exposed gradient reduction", ... : the component of a
+// step that costs the most beyond forward and backward compute, with its share of the step.
+std::string dominant_cost(const Prediction& p, double* share_out = nullptr);
+
+}  // namespace stepcast

@@ -1,0 +1,248 @@
+#include "planner/report.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace stepcast {
+
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+// A text table with a header row and a units row, columns right-aligned.
+class Table {
+ public:
+  Table(std::vector<std::string> header, std::vector<std::string> units)
+      : rows_{std::move(header), std::move(units)} {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string str() const {
+    std::vector<size_t> width(rows_[0].size(), 0);
+    for (const auto& r : rows_)
+      for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+    std::ostringstream out;
+    for (size_t ri = 0; ri < rows_.size(); ++ri) {
+      const auto& r = rows_[ri];
+      for (size_t i = 0; i < r.size(); ++i) {
+        out << (i ? "  " : "") << std::string(width[i] - r[i].size(), ' ') << r[i];
+      }
+      out << "\n";
+      if (ri == 1) {
+        for (size_t i = 0; i < width.size(); ++i) out << (i ? "  " : "") << std::string(width[i], '-');
+        out << "\n";
+      }
+    }
+    return out.str();
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+}  // namespace
+
+std::string format_gib(double bytes) { return fmt("%.1f", bytes / kGiB); }
+
+nlohmann::json model_to_json(const ModelSpec& m) {
+  return {{"name", m.name},
+          {"model_type", m.model_type},
+          {"params", m.total_params()},
+          {"params_per_layer", m.params_per_layer()},
+          {"num_layers", m.num_layers},
+          {"hidden_size", m.hidden_size},
+          {"num_heads", m.num_heads},
+          {"num_kv_heads", m.num_kv_heads},
+          {"intermediate_size", m.intermediate_size},
+          {"vocab_size", m.vocab_size},
+          {"source", m.source}};
+}
+
+nlohmann::json hardware_to_json(const HardwareProfile& hw, const TrainConfig& base) {
+  return {{"name", hw.name},
+          {"gpu", hw.gpu.name},
+          {"gpus_per_node", base.gpus_per_node},
+          {"nodes", base.nodes},
+          {"coefficients_calibrated", hw.coefs_calibrated},
+          {"coefficients_source", hw.coefs_source}};
+}
+
+nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
+  const auto& c = p.config;
+  const auto& t = p.time;
+  nlohmann::json j;
+  j["config"] = {{"zero_stage", c.zero_stage},
+                 {"offload_optimizer", offload_name(c.offload_optimizer)},
+                 {"offload_params", offload_name(c.offload_params)},
+                 {"optimizer", optimizer_name(c.optimizer)},
+                 {"precision", precision_name(c.precision)},
+                 {"micro_batch", c.micro_batch},
+                 {"gas", c.gas},
+                 {"seq_len", c.seq_len},
+                 {"gpus", c.gpus_per_node},
+                 {"nodes", c.nodes},
+                 {"world_size", c.world_size()},
+                 {"global_batch", c.global_batch()},
+                 {"activation_checkpointing", c.activation_checkpointing},
+                 {"attention", attention_name(c.attention)}};
+  j["family"] = family_name(c);
+  j["fits"] = p.fits;
+  if (!p.fits) j["reason"] = p.reason;
+  // The founding report's split is undefined with GAS = 1: null, not 0.
+  nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas) : nlohmann::json(nullptr);
+  j["time_s"] = {{"step", t.step},
+                 {"gas", gas_time},
+                 {"opt", t.opt},
+                 {"forward", t.forward},
+                 {"backward", t.backward},
+                 {"recompute", t.recompute},
+                 {"grad_comm", t.grad_comm},
+                 {"param_gather", t.param_gather},
+                 {"offload_transfer", t.offload_transfer},
+                 {"optimizer", t.optimizer},
+                 {"grad_comm_total", t.grad_comm_total},
+                 {"param_gather_total", t.param_gather_total},
+                 {"offload_transfer_total", t.offload_transfer_total}};
+  j["throughput"] = {{"tokens_per_s", p.throughput.tokens_per_s},
+                     {"world_samples_per_s", p.throughput.world_samples_per_s},
+                     {"rank_samples_per_s", p.throughput.rank_samples_per_s},
+                     {"mfu", p.throughput.mfu}};
+  const auto& m = p.memory;
+  j["gpu_memory_bytes"] = {{"params", m.gpu_params},
+                           {"grads", m.gpu_grads},
+                           {"optimizer_states", m.gpu_opt_states},
+                           {"activations", m.gpu_activations},
+                           {"buffers", m.gpu_buffers},
+                           {"workspace", m.gpu_workspace},
+                           {"total", m.gpu_total},
+                           {"limit", p.gpu_memory_limit_bytes}};
+  j["cpu_memory_bytes"] = {{"total", m.host_node_total},
+                           {"per_rank", m.host_per_rank},
+                           {"limit", p.host_memory_limit_bytes}};
+  if (ctx.train_tokens > 0) {
+    const double seconds = ctx.train_tokens / p.throughput.tokens_per_s;
+    j["train"] = {{"tokens", ctx.train_tokens}, {"time_s", seconds}};
+    if (ctx.hardware && ctx.hardware->price_per_gpu_hour > 0)
+      j["train"]["cost_usd"] = seconds / 3600.0 * c.world_size() * ctx.hardware->price_per_gpu_hour;
+  }
+  return j;
+}
+
+std::string plans_table(const std::vector<Prediction>& plans, const ReportContext& ctx) {
+  std::vector<std::string> header = {"#",        "stage",     "offload", "optim",      "ckpt",
+                                     "micro",    "GAS",       "GAS time", "OPT time",  "step",
+                                     "world",    "rank",      "tokens/s", "MFU",       "GPU mem",
+                                     "host mem"};
+  std::vector<std::string> units = {"",  "",    "opt/par", "",     "",      "seq", "", "s", "s", "s",
+                                    "samples/s", "samples/s", "",   "%",   "GiB", "GiB/node"};
+  if (ctx.train_tokens > 0) {
+    header.push_back("train time");
+    units.push_back("h");
+    header.push_back("cost");
+    units.push_back("USD");
+  }
+  Table table(header, units);
+  int rank = 0;
+  for (const auto& p : plans) {
+    const auto& c = p.config;
+    std::vector<std::string> row = {
+        std::to_string(++rank),
+        std::to_string(c.zero_stage),
+        std::string(offload_name(c.offload_optimizer)) + "/" + offload_name(c.offload_params),
+        optimizer_name(c.optimizer),
+        c.activation_checkpointing ? "on" : "off",
+        std::to_string(c.micro_batch),
+        std::to_string(c.gas),
+        c.gas > 1 ? fmt("%.3f", p.time.gas) : "n/a*",
+        fmt("%.3f", p.time.opt),
+        fmt("%.3f", p.time.step),
+        fmt("%.2f", p.throughput.world_samples_per_s),
+        fmt("%.2f", p.throughput.rank_samples_per_s),
+        fmt("%.0f", p.throughput.tokens_per_s),
+        fmt("%.1f", 100.0 * p.throughput.mfu),
+        format_gib(p.memory.gpu_total),
+        format_gib(p.memory.host_node_total)};
+    if (ctx.train_tokens > 0) {
+      const double seconds = ctx.train_tokens / p.throughput.tokens_per_s;
+      row.push_back(fmt("%.1f", seconds / 3600.0));
+      row.push_back(ctx.hardware && ctx.hardware->price_per_gpu_hour > 0
+                        ? fmt("%.0f", seconds / 3600.0 * c.world_size() * ctx.hardware->price_per_gpu_hour)
+                        : "?");
+    }
+    table.add(row);
+  }
+  std::string out = table.str();
+  bool any_gas1 = false;
+  for (const auto& p : plans) any_gas1 |= p.config.gas == 1;
+  if (any_gas1) out += "* GAS = 1: the GAS/OPT split is undefined; the whole step is OPT time.\n";
+  return out;
+}
+
+std::string context_line(const Prediction& any, const ReportContext& ctx) {
+  std::ostringstream out;
+  const auto& c = any.config;
+  out << ctx.model->name << " (" << with_commas(ctx.model->total_params()) << " parameters) on "
+      << c.gpus_per_node << (c.nodes > 1 ? " x " + std::to_string(c.nodes) + " nodes" : "")
+      << " x " << ctx.hardware->name << " (" << ctx.hardware->gpu.name << ", "
+      << format_gib(any.gpu_memory_limit_bytes) << " GiB), seq " << c.seq_len << ", "
+      << precision_name(c.precision) << "\n";
+  if (!ctx.hardware->coefs_calibrated)
+    out << "note: profile '" << ctx.hardware->name
+        << "' is not calibrated: efficiencies are first estimates (run `calibrate` on this hardware)\n";
+  return out.str();
+}
+
+std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
+  const auto& t = p.time;
+  const auto& m = p.memory;
+  std::ostringstream out;
+  out << "Step time (per rank, one optimizer step of GAS " << p.config.gas << " x micro-batch "
+      << p.config.micro_batch << ")\n";
+  Table tt({"phase", "exposed", "total", "share"}, {"", "s", "s", "%"});
+  auto row = [&](const char* name, double exposed, double total) {
+    tt.add({name, fmt("%.4f", exposed), fmt("%.4f", total), fmt("%.1f", 100.0 * exposed / t.step)});
+  };
+  row("forward", t.forward, t.forward);
+  row("backward", t.backward, t.backward);
+  row("recompute", t.recompute, t.recompute);
+  row("gradient reduction", t.grad_comm, t.grad_comm_total);
+  row("parameter gathering", t.param_gather, t.param_gather_total);
+  row("offload copies (PCIe)", t.offload_transfer, t.offload_transfer_total);
+  row("optimizer", t.optimizer, t.optimizer);
+  tt.add({"GAS time", p.config.gas > 1 ? fmt("%.4f", t.gas) : "n/a", "", ""});
+  tt.add({"OPT time", fmt("%.4f", t.opt), "", ""});
+  tt.add({"step", fmt("%.4f", t.step), "", "100.0"});
+  out << tt.str();
+  out << "throughput: " << fmt("%.0f", p.throughput.tokens_per_s) << " tokens/s, "
+      << fmt("%.3f", p.throughput.world_samples_per_s) << " world samples/s, "
+      << fmt("%.3f", p.throughput.rank_samples_per_s) << " rank samples/s, MFU "
+      << fmt("%.1f", 100.0 * p.throughput.mfu) << " %\n\n";
+
+  out << "Memory\n";
+  Table mt({"where", "item", "size"}, {"", "", "GiB"});
+  mt.add({"GPU", "parameters", format_gib(m.gpu_params)});
+  mt.add({"GPU", "gradients", format_gib(m.gpu_grads)});
+  mt.add({"GPU", "master weights + optimizer states", format_gib(m.gpu_opt_states)});
+  mt.add({"GPU", "buckets and gather buffers", format_gib(m.gpu_buffers)});
+  mt.add({"GPU", "activations, logits, loss (+fragmentation)", format_gib(m.gpu_activations)});
+  mt.add({"GPU", "context and workspaces", format_gib(m.gpu_workspace)});
+  mt.add({"GPU", "total per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total)});
+  mt.add({"host", "per rank", format_gib(m.host_per_rank)});
+  mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total)});
+  out << mt.str();
+  if (!p.fits) out << "does not fit: " << p.reason << "\n";
+  (void)ctx;
+  return out.str();
+}
+
+}  // namespace stepcast

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# End-to-end checks of the planner CLI: exit codes, one clear line on stderr
+# for bad input, no half-written output files, JSON parses.
+set -u
+PLANNER="$1"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+
+# expect_error DESCRIPTION REGEX ARGS... : non-zero exit, exactly one stderr line matching REGEX
+expect_error() {
+  local desc="$1" regex="$2"
+  shift 2
+  "$PLANNER" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$TMP/err")
+  if [[ $rc -eq 0 ]]; then bad "$desc: exit 0"; return; fi
+  if [[ $rc -ge 128 ]]; then bad "$desc: crashed (rc $rc)"; return; fi
+  if [[ $lines -ne 1 ]]; then bad "$desc: $lines stderr lines: $(cat "$TMP/err")"; return; fi
+  if ! grep -Eq -- "$regex" "$TMP/err"; then bad "$desc: stderr '$(cat "$TMP/err")' !~ /$regex/"; return; fi
+  ok
+}
+
+expect_error "unknown model" "unknown model 'gpt-9'.*llama-2-7b" recommend --model gpt-9 --gpus 2
+expect_error "unknown hardware" "unknown hardware 'tpu'.*h200-sxm" recommend --model 6b --gpus 2 --hardware tpu
+expect_error "zero gpus" "--gpus 0" recommend --model 6b --gpus 0
+expect_error "negative seq" "--seq -5" explain --model 6b --seq -5
+expect_error "stage 5" "--stage 5 is not a ZeRO stage" explain --model 6b --stage 5
+expect_error "param offload below stage 3" "needs --stage 3" explain --model 6b --stage 2 --offload-params cpu
+expect_error "offload at stage 0" "needs --stage 1, 2 or 3" explain --model 6b --stage 0 --offload-optimizer cpu
+expect_error "bad precision" "precision" explain --model 6b --precision fp8
+expect_error "bad optimizer list" "adamw9" recommend --model 6b --optimizers adamw,adamw9
+expect_error "negative memory" "--gpu-mem-gib -3" recommend --model 6b --gpu-mem-gib -3
+expect_error "global batch" "not a multiple" recommend --model 6b --gpus 3
+expect_error "unknown flag" "error" recommend --model 6b --frobnicate
+expect_error "non-number" "error" recommend --model 6b --gpus two
+
+# Malformed files name the file, key and value.
+printf 'name = "x"\nmodel_type = "llama"\nsource = "t"\nhidden_size = "big"\n' >"$TMP/bad.toml"
+expect_error "bad card" "bad.toml: key 'hidden_size' must be an integer, got \"big\"" explain --model "$TMP/bad.toml"
+printf '{"model_type": "llama", "hidden_size": 4096,' >"$TMP/config.json"
+expect_error "truncated config.json" "config.json: malformed JSON" explain --model "$TMP/config.json"
+mkdir -p "$TMP/hw"
+sed 's/cpu_cores_per_gpu = { value = 16/cpu_cores_per_gpu = { value = -16/' \
+  "$(dirname "$0")/../data/hardware/h200-sxm.toml" >"$TMP/hw/neg.toml"
+expect_error "bad profile" "neg.toml: key 'host.cpu_cores_per_gpu.value' = -16" explain --model 6b --hardware "$TMP/hw/neg.toml"
+
+# Nothing fits: non-zero, a suggestion, and no DeepSpeed file written.
+expect_error "nothing fits" "nothing fits.*would fit on" recommend --model llama-2-70b --gpus 1 --deepspeed-config "$TMP/ds70.json"
+[[ -e "$TMP/ds70.json" ]] && bad "nothing fits wrote a config" || ok
+
+# Unwritable output: error, and no stray temporary file.
+expect_error "unwritable" "cannot write" recommend --model 6b --gpus 2 --deepspeed-config "$TMP/nope/ds.json"
+[[ -z "$(ls -A "$TMP" | grep tmp)" ]] && ok || bad "temporary file left behind"
+
+# Happy paths.
+if "$PLANNER" recommend --model 6b --gpus 2 --deepspeed-config "$TMP/ds.json" --accelerate-config "$TMP/acc.yaml" >"$TMP/out" 2>"$TMP/err"; then ok; else bad "recommend 6b failed: $(cat "$TMP/err")"; fi
+grep -q "Why the others lose" "$TMP/out" && ok || bad "no why-lose section"
+grep -q "GAS time" "$TMP/out" && ok || bad "no GAS time column"
+python3 -c "import json,sys; d=json.load(open('$TMP/ds.json')); assert d['train_batch_size']==64, d" && ok || bad "DeepSpeed JSON"
+grep -q "distributed_type: DEEPSPEED" "$TMP/acc.yaml" && ok || bad "Accelerate YAML"
+"$PLANNER" recommend --model 6b --gpus 2 --json >"$TMP/rec.json" && ok || bad "recommend --json"
+python3 - "$TMP/rec.json" <<'PY' && ok || bad "recommend JSON contract"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["model"]["params"] == 6050882784
+p = d["plans"][0]
+for k in ["zero_stage", "offload_optimizer", "offload_params", "optimizer", "precision", "micro_batch", "gas", "seq_len", "gpus", "nodes", "activation_checkpointing"]:
+    assert k in p["config"], k
+assert p["fits"] is True
+assert abs(p["time_s"]["step"] - p["time_s"]["opt"] - (p["time_s"]["gas"] or 0)) < 1e-9
+PY
+"$PLANNER" explain --model 6b --gpus 2 --stage 3 --offload-optimizer cpu --micro-batch 4 --gas 8 --checkpointing on --json >"$TMP/exp.json" && ok || bad "explain --json"
+python3 -c "import json; d=json.load(open('$TMP/exp.json')); assert len(d['plans'])==1 and d['plans'][0]['config']['offload_optimizer']=='cpu'" && ok || bad "explain JSON"
+"$PLANNER" models --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 12" && ok || bad "models --json"
+"$PLANNER" hardware --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 7" && ok || bad "hardware --json"
+"$PLANNER" --help >/dev/null && ok || bad "--help"
+
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]

@@ -1,0 +1,178 @@
+// The memory model against the ZeRO paper's formulas, hand derivations and
+// properties.
+#include <doctest/doctest.h>
+
+#include "model/prediction.h"
+#include "test_util.h"
+
+using namespace stepcast;
+using stepcast::test::hardware;
+using stepcast::test::model;
+
+namespace {
+
+TrainConfig config(int stage, int gpus, OffloadDevice off_opt = OffloadDevice::kNone,
+                   OptimizerKind opt = OptimizerKind::kAdamW) {
+  TrainConfig c;
+  c.zero_stage = stage;
+  c.gpus_per_node = gpus;
+  c.offload_optimizer = off_opt;
+  c.optimizer = opt;
+  c.micro_batch = 1;
+  c.seq_len = 2048;
+  return c;
+}
+
+double model_states(const MemoryFeatures& m) {
+  return m.gpu_params_bytes + m.gpu_grads_bytes + m.gpu_opt_states_bytes;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO paper: model states per GPU for stages 0-3 (Rajbhandari et al. 2020)") {
+  // Section 5 / Figure 1: Psi parameters, N ranks, mixed-precision Adam (K = 12):
+  //   stage 0: (2 + 2 + 12) Psi      stage 1: 2 Psi + 2 Psi + 12 Psi / N
+  //   stage 2: 2 Psi + 14 Psi / N    stage 3: 16 Psi / N
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double psi = static_cast<double>(m.total_params());
+  for (int n : {1, 2, 8, 64}) {
+    CAPTURE(n);
+    const double expected[4] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      Features f = make_features(m, hw, config(stage, n));
+      CHECK(model_states(f.memory) == doctest::Approx(expected[stage]).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("ZeRO paper Figure 1: Psi = 7.5B, N = 64 gives 120 / 31.4 / 16.6 / 1.9 GB") {
+  // The figure's numbers, from the same formulas, in GB (1e9).
+  const double psi = 7.5e9, n = 64;
+  CHECK(16 * psi / 1e9 == doctest::Approx(120.0));
+  CHECK((4 * psi + 12 * psi / n) / 1e9 == doctest::Approx(31.4).epsilon(0.002));
+  CHECK((2 * psi + 14 * psi / n) / 1e9 == doctest::Approx(16.6).epsilon(0.005));
+  CHECK(16 * psi / n / 1e9 == doctest::Approx(1.9).epsilon(0.02));
+  // And our model on a card scaled to 7.5B parameters would follow, which the
+  // previous test already covers for every stage and rank count.
+}
+
+TEST_CASE("fp32 training keeps no master copy: 4 + 4 + 8 bytes per parameter") {
+  const ModelSpec m = model("gpt-j-6b");
+  TrainConfig c = config(0, 1);
+  c.precision = Precision::kFp32;
+  Features f = make_features(m, hardware("a40"), c);
+  CHECK(model_states(f.memory) == doctest::Approx(16.0 * m.total_params()));
+}
+
+TEST_CASE("8-bit AdamW states: 2 bytes + one fp32 absmax per 2048-block per moment") {
+  // Dettmers et al. 2022: block-wise quantisation, block size 2048. With
+  // mixed precision the fp32 master copy stays: 4 + 2 + 8/2048 bytes.
+  CHECK(optimizer_state_bytes_per_param(OptimizerKind::kAdamW8bit, Precision::kBf16) ==
+        doctest::Approx(6.0 + 8.0 / 2048.0));
+  CHECK(optimizer_state_bytes_per_param(OptimizerKind::kAdamW, Precision::kBf16) == 12.0);
+  // Llama-2-7b: every tensor has >= 4096 elements, so all states are 8-bit.
+  CHECK(small_tensor_params(model("llama-2-7b")) == 0);
+  // Pythia-2.8b (h = 2560): norms and the attention/MLP-out biases stay 32-bit:
+  // per layer 2 LayerNorms x (w + b) x 2560 + qkv bias 3 x 2560 (each < 4096)
+  // + dense bias 2560 + MLP out bias 2560 = 10240 + 7680 + 5120 = 23040;
+  // x 32 layers + final norm 5120 = 742,400. (The 10240-wide MLP-in bias is 8-bit.)
+  CHECK(small_tensor_params(model("pythia-2.8b")) == 742'400);
+}
+
+TEST_CASE("activation count: hand derivation for llama-2-7b and Korthikanti's 34 sbh") {
+  // Llama-2-7b (h = 4096, q/k/v 4096 each, i = 11008, gated, 2 norms), flash:
+  //   norms 2h = 8192; attention h + q + k + v + O = 5 x 4096 = 20480;
+  //   MLP h + 4i = 4096 + 44032 = 48128; total 76800 elements per token per layer.
+  const ModelSpec m = model("llama-2-7b");
+  CHECK(activation_elems_per_token_per_layer(m, AttentionKind::kFlash, 2048) == 76800.0);
+  // In bf16 that is 153,600 B = 37.5 h bytes per token per layer, against
+  // Korthikanti et al.'s 34 h for a 4h GeLU MLP: the gated 2.69h MLP of Llama
+  // keeps 4 intermediates (8 bytes x 11008 = 21.5 h) where GeLU keeps 2 (16 h).
+  CHECK(2.0 * 76800.0 / 4096.0 == doctest::Approx(37.5));
+  // Math attention adds the softmax probabilities: heads x s per token.
+  CHECK(activation_elems_per_token_per_layer(m, AttentionKind::kMath, 2048) == 76800.0 + 32.0 * 2048.0);
+  // GPT-2-style layer (4h MLP, 2 LayerNorms): 2h + 5h + h + 8h = 16h elements
+  // = 32 h bytes; Korthikanti's 34 h includes the dropout masks (1 + 1 byte per
+  // element of the two dropout outputs) that fine-tuning without dropout drops.
+  ModelSpec g = m;
+  g.gated_mlp = false;
+  g.intermediate_size = 4 * g.hidden_size;
+  CHECK(2.0 * activation_elems_per_token_per_layer(g, AttentionKind::kFlash, 2048) / g.hidden_size ==
+        doctest::Approx(32.0));
+}
+
+TEST_CASE("activations: checkpointing keeps one input per layer plus one live layer") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(0, 1);
+  c.micro_batch = 2;
+  const double tokens = 2.0 * 2048.0, h = 4096.0, L = 32.0, per_layer = 76800.0;
+  Features plain = make_features(m, hw, c);
+  CHECK(plain.memory.act_bytes == doctest::Approx(tokens * 2.0 * (L * per_layer + 2 * h)));
+  c.activation_checkpointing = true;
+  Features ckpt = make_features(m, hw, c);
+  CHECK(ckpt.memory.act_bytes == doctest::Approx(tokens * 2.0 * (L * h + per_layer + 2 * h)));
+  // Linear in the micro-batch.
+  c.micro_batch = 4;
+  CHECK(make_features(m, hw, c).memory.act_bytes == doctest::Approx(2.0 * ckpt.memory.act_bytes));
+}
+
+TEST_CASE("properties: memory never rises with the stage; offload moves bytes to the host") {
+  const HardwareProfile hw = hardware("h200-sxm");
+  for (const char* name : {"gpt-j-6b", "llama-3-8b", "qwen2.5-14b", "pythia-2.8b"}) {
+    const ModelSpec m = model(name);
+    for (int gpus : {1, 2, 8}) {
+      for (bool ckpt : {false, true}) {
+        CAPTURE(name);
+        CAPTURE(gpus);
+        double previous = 1e300;
+        for (int stage = 0; stage <= 3; ++stage) {
+          TrainConfig c = config(stage, gpus);
+          c.activation_checkpointing = ckpt;
+          const Prediction p = evaluate(m, hw, c);
+          CHECK(p.memory.gpu_params + p.memory.gpu_grads + p.memory.gpu_opt_states <= previous * (1 + 1e-12));
+          previous = p.memory.gpu_params + p.memory.gpu_grads + p.memory.gpu_opt_states;
+          if (stage >= 1) {
+            TrainConfig o = c;
+            o.offload_optimizer = OffloadDevice::kCpu;
+            const Prediction q = evaluate(m, hw, o);
+            CHECK(q.memory.gpu_total < p.memory.gpu_total);
+            CHECK(q.memory.host_node_total > p.memory.host_node_total);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("8-bit AdamW saves 6 of 12 bytes per sharded parameter on the GPU") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const Prediction a = evaluate(m, hw, config(0, 1));
+  const Prediction b = evaluate(m, hw, config(0, 1, OffloadDevice::kNone, OptimizerKind::kAdamW8bit));
+  const double psi = static_cast<double>(m.total_params());
+  CHECK(a.memory.gpu_opt_states - b.memory.gpu_opt_states == doctest::Approx(psi * (6.0 - 8.0 / 2048.0)));
+}
+
+TEST_CASE("fits: 70B does not fit on one H200 without offload, fits with stage-3 CPU offload of both") {
+  const ModelSpec m = model("llama-2-70b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(0, 1);
+  const Prediction plain = evaluate(m, hw, c);
+  CHECK_FALSE(plain.fits);
+  CHECK(plain.reason.find("GiB per GPU") != std::string::npos);
+  // 70B x 16 B = 1.1 TB of states: even with everything offloaded it needs
+  // 70e9 x (12 + 4 + 2) B = 1.26 TB of host memory, more than 128 GiB x 1.
+  c.zero_stage = 3;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  c.offload_params = OffloadDevice::kCpu;
+  c.activation_checkpointing = true;
+  const Prediction off = evaluate(m, hw, c);
+  CHECK_FALSE(off.fits);
+  CHECK(off.reason.find("host memory") != std::string::npos);
+  // With 2 TB of host memory it fits.
+  const Prediction big = evaluate(m, hw, c, ResourceLimits{0, 2048.0 * 1073741824.0, 0});
+  CHECK(big.fits);
+}

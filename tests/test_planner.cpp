@@ -1,0 +1,156 @@
+// The planner's search, ranking, explanations and launcher configs.
+#include <doctest/doctest.h>
+
+#include "model/errors.h"
+#include "planner/deepspeed_config.h"
+#include "planner/plan_search.h"
+#include "planner/report.h"
+#include "test_util.h"
+
+using namespace stepcast;
+using stepcast::test::hardware;
+using stepcast::test::model;
+
+namespace {
+
+SearchRequest request(const char* model_name, int gpus, const char* hw = "h200-sxm") {
+  SearchRequest r;
+  r.model = model(model_name);
+  r.hardware = hardware(hw);
+  r.base.gpus_per_node = gpus;
+  r.base.seq_len = 2048;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("recommend 6b on 2 GPUs: ranked, fitting, global batch respected") {
+  SearchRequest r = request("6b", 2);
+  SearchResult res = search_plans(r);
+  REQUIRE(!res.ranked.empty());
+  CHECK(res.evaluated == res.ranked.size() + res.dropped);
+  for (size_t i = 0; i < res.ranked.size(); ++i) {
+    const auto& p = res.ranked[i];
+    CHECK(p.fits);
+    CHECK(p.memory.gpu_total <= p.gpu_memory_limit_bytes);
+    CHECK(p.config.global_batch() == 64);
+    if (i > 0) CHECK(ranking_score(res.ranked[i - 1]) >= ranking_score(p));
+  }
+  // Every family appears once, with a reason.
+  for (const auto& f : res.families) CHECK(!f.why.empty());
+}
+
+TEST_CASE("an explicit global batch must divide over the ranks") {
+  SearchRequest r = request("6b", 3);
+  CHECK_THROWS_AS(search_plans(r), InputError);  // 64 is not a multiple of 3
+  r.global_batch = 48;
+  CHECK_NOTHROW(search_plans(r));
+}
+
+TEST_CASE("70b on 1 GPU: nothing fits, and the planner says what would") {
+  SearchRequest r = request("llama-2-70b", 1);
+  SearchResult res = search_plans(r);
+  CHECK(res.ranked.empty());
+  REQUIRE(!res.suggestions.empty());
+  bool more_gpus = false;
+  for (const auto& s : res.suggestions) more_gpus |= s.find("would fit on") != std::string::npos;
+  CHECK(more_gpus);
+  // And with 8 GPUs something fits.
+  SearchRequest r8 = request("llama-2-70b", 8);
+  CHECK(!search_plans(r8).ranked.empty());
+}
+
+TEST_CASE("a tight GPU budget pushes the plan to offload, 8-bit states or checkpointing") {
+  SearchRequest r = request("llama-2-7b", 1);
+  r.limits.gpu_memory_bytes = 40.0 * 1073741824.0;
+  SearchResult res = search_plans(r);
+  REQUIRE(!res.ranked.empty());
+  const TrainConfig& c = res.ranked.front().config;
+  const bool saves = c.offload_optimizer == OffloadDevice::kCpu || c.optimizer == OptimizerKind::kAdamW8bit ||
+                     c.activation_checkpointing;
+  CHECK(saves);
+  // Plain stage-0 AdamW needs 16 B x 6.74e9 = 108 GB of states alone: it must be dropped.
+  bool stage0_adamw_fits = false;
+  for (const auto& f : res.families)
+    if (f.family == "stage 0 + AdamW") stage0_adamw_fits = f.any_fits;
+  CHECK_FALSE(stage0_adamw_fits);
+}
+
+TEST_CASE("why-lose lines name the CPU optimizer for slow offload families") {
+  SearchRequest r = request("llama-2-7b", 2);
+  r.global_batch = 8;  // small batch: GAS cannot hide the CPU step
+  SearchResult res = search_plans(r);
+  bool found = false;
+  for (const auto& f : res.families) {
+    if (f.family == "stage 2 + CPU optimizer offload + AdamW") {
+      CHECK(f.why.find("CPU AdamW") != std::string::npos);
+      CHECK(f.loss_frac > 0.2);
+      found = true;
+    }
+  }
+  CHECK(found);
+}
+
+TEST_CASE("DeepSpeed config carries the plan's keys") {
+  const ModelSpec m = model("6b");
+  TrainConfig c;
+  c.zero_stage = 3;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  c.offload_params = OffloadDevice::kCpu;
+  c.micro_batch = 4;
+  c.gas = 8;
+  c.gpus_per_node = 2;
+  LauncherConfig lc = deepspeed_config(m, c);
+  const auto& ds = lc.deepspeed;
+  CHECK(ds["train_micro_batch_size_per_gpu"] == 4);
+  CHECK(ds["gradient_accumulation_steps"] == 8);
+  CHECK(ds["train_batch_size"] == 4 * 8 * 2);
+  CHECK(ds["bf16"]["enabled"] == true);
+  CHECK(ds["zero_optimization"]["stage"] == 3);
+  CHECK(ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu");
+  CHECK(ds["zero_optimization"]["offload_optimizer"]["pin_memory"] == true);
+  CHECK(ds["zero_optimization"]["offload_param"]["device"] == "cpu");
+  CHECK(ds["zero_optimization"]["offload_param"]["pin_memory"] == true);
+  // Hugging Face "auto" values: h^2, 0.9 h^2, 10 h with h = 4096.
+  CHECK(ds["zero_optimization"]["reduce_bucket_size"] == 4096LL * 4096);
+  CHECK(ds["zero_optimization"]["stage3_prefetch_bucket_size"] == static_cast<int64_t>(0.9 * 4096 * 4096));
+  CHECK(ds["zero_optimization"]["stage3_param_persistence_threshold"] == 40960);
+  CHECK(ds["optimizer"]["type"] == "AdamW");
+  // Stage 2 has no offload_param key at all.
+  c.zero_stage = 2;
+  c.offload_params = OffloadDevice::kNone;
+  CHECK_FALSE(deepspeed_config(m, c).deepspeed["zero_optimization"].contains("offload_param"));
+  // 8-bit on the GPU: the optimizer comes from the script, and a note says so.
+  c.offload_optimizer = OffloadDevice::kNone;
+  c.optimizer = OptimizerKind::kAdamW8bit;
+  LauncherConfig q = deepspeed_config(m, c);
+  CHECK_FALSE(q.deepspeed.contains("optimizer"));
+  CHECK(!q.notes.empty());
+  // Accelerate YAML points at the JSON.
+  CHECK(accelerate_yaml(c, "ds.json").find("deepspeed_config_file: ds.json") != std::string::npos);
+}
+
+TEST_CASE("JSON contract fields") {
+  SearchRequest r = request("6b", 2);
+  SearchResult res = search_plans(r);
+  ReportContext ctx{&r.model, &r.hardware, 1e9};
+  nlohmann::json j = plan_to_json(res.ranked.front(), ctx);
+  for (const char* k : {"zero_stage", "offload_optimizer", "offload_params", "optimizer", "precision", "micro_batch",
+                        "gas", "seq_len", "gpus", "nodes", "activation_checkpointing"})
+    CHECK(j["config"].contains(k));
+  CHECK(j["fits"] == true);
+  for (const char* k : {"step", "gas", "opt", "forward", "backward", "grad_comm", "param_gather",
+                        "offload_transfer", "optimizer"})
+    CHECK(j["time_s"].contains(k));
+  for (const char* k : {"tokens_per_s", "world_samples_per_s", "rank_samples_per_s", "mfu"})
+    CHECK(j["throughput"].contains(k));
+  for (const char* k : {"params", "grads", "optimizer_states", "activations", "total"})
+    CHECK(j["gpu_memory_bytes"].contains(k));
+  CHECK(j["cpu_memory_bytes"].contains("total"));
+  CHECK(j["train"]["time_s"].get<double>() > 0);
+  CHECK(model_to_json(r.model)["params"] == 6'050'882'784);
+  // GAS = 1: the split is undefined, written as null.
+  TrainConfig c = res.ranked.front().config;
+  c.gas = 1;
+  CHECK(plan_to_json(evaluate(r.model, r.hardware, c), ctx)["time_s"]["gas"].is_null());
+}

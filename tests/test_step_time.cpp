@@ -1,0 +1,215 @@
+// The step-time model against hand derivations, the nccl-tests measurements
+// of REFERENCE.md section 6, and properties.
+#include <doctest/doctest.h>
+
+#include "model/prediction.h"
+#include "test_util.h"
+
+using namespace stepcast;
+using stepcast::test::hardware;
+using stepcast::test::model;
+
+namespace {
+
+TrainConfig config(int stage, int gpus, int64_t micro = 1, int64_t gas = 1) {
+  TrainConfig c;
+  c.zero_stage = stage;
+  c.gpus_per_node = gpus;
+  c.micro_batch = micro;
+  c.gas = gas;
+  c.seq_len = 2048;
+  return c;
+}
+
+// Coefficients that make compute exactly FLOPs / peak: every efficiency 1,
+// no shape penalty, no overheads.
+CoefVector ideal_coefs() {
+  CoefVector c = default_coefs();
+  c[kGemmEffMaxFrac] = 1.0;
+  c[kGemmHalfDim] = 0.0;
+  c[kAttnEffMaxFrac] = 1.0;
+  c[kAttnHalfSeqTokens] = 0.0;
+  c[kBackwardSlowdownMult] = 1.0;
+  c[kElementwiseTrafficMult] = 0.0;
+  c[kLayerOverheadS] = 0.0;
+  c[kOptStepOverheadS] = 0.0;
+  return c;
+}
+
+double gemm_flops_fwd(const StepFeatures& f) {
+  double total = 0;
+  for (const auto& g : f.gemms) total += 2.0 * g.m * g.n * g.k * g.count;
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("forward GEMM FLOPs are 2 x tokens x matrix parameters") {
+  // Llama-2-7b matrix parameters: 32 x (4 x 4096^2 + 3 x 4096 x 11008)
+  // = 32 x 202,375,168 = 6,476,005,376, plus the lm_head 32000 x 4096 =
+  // 131,072,000. Embedding lookups and norms are not GEMMs.
+  const ModelSpec m = model("llama-2-7b");
+  Features f = make_features(m, hardware("h200-sxm"), config(0, 1, 2));
+  const double tokens = 2 * 2048;
+  CHECK(gemm_flops_fwd(f.step) == doctest::Approx(2.0 * tokens * (6'476'005'376.0 + 131'072'000.0)));
+  // Causal attention (flash): QK^T and PV over the lower triangle,
+  // 2 b s^2 d per layer = 2 x 2 x 2048^2 x 4096 x 32.
+  CHECK(f.step.attn_fwd_flops == doctest::Approx(2.0 * 2 * 2048.0 * 2048.0 * 4096.0 * 32.0));
+}
+
+TEST_CASE("MFU numerator: 6N + 6 L d s per token reproduces the FSDP reference's 43 %") {
+  // REFERENCE.md s.6: FSDP2, llama-2-7b, 2 x H200, 20,100 tokens/s, 43 % MFU
+  // against the 989.4 TFLOP/s dense bf16 peak.
+  Features f = make_features(model("llama-2-7b"), hardware("h200-sxm"), config(3, 2, 4, 4));
+  const double mfu = 20100.0 * f.step.model_flops_per_token / (2.0 * 989.4e12);
+  CHECK(mfu == doctest::Approx(0.43).epsilon(0.01));
+}
+
+TEST_CASE("ideal coefficients: step time is FLOPs over peak, by hand") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const CoefVector c = ideal_coefs();
+  Features f = make_features(m, hw, config(0, 1));
+  StepTime<double> t = predict_step_time(f.step, c.data());
+  // GEMMs: 2 x 2048 x 6,607,077,376 = 2.70626e13 FLOPs; attention (causal,
+  // flash): 2 x 2048^2 x 4096 x 32 = 1.09951e12. At 989.4 TFLOP/s:
+  const double gemm_s = 2.0 * 2048 * 6'607'077'376.0 / 989.4e12;
+  const double attn_s = 2.0 * 2048.0 * 2048.0 * 4096.0 * 32.0 / 989.4e12;
+  CHECK(t.forward == doctest::Approx(gemm_s + attn_s).epsilon(1e-9));
+  // Backward: twice the GEMMs, 2.5x the attention (FlashAttention-2).
+  CHECK(t.backward == doctest::Approx(2 * gemm_s + 2.5 * attn_s).epsilon(1e-9));
+  // GPU AdamW: 28 bytes per parameter (read grad bf16 2 + master 4 + m 4 + v 4,
+  // write master 4 + m 4 + v 4, bf16 copy 2) at 0.70 x 4.8 TB/s.
+  CHECK(t.optimizer == doctest::Approx(6'738'415'616.0 * 28.0 / (0.70 * 4.8e12)).epsilon(1e-9));
+  // One rank, GAS 1: no communication; the whole step is OPT time.
+  CHECK(t.grad_comm_total == 0.0);
+  CHECK(t.param_gather_total == 0.0);
+  CHECK(t.gas == 0.0);
+  CHECK(t.step == doctest::Approx(t.forward + t.backward + t.optimizer));
+}
+
+TEST_CASE("collectives: all-reduce bus bandwidth matches nccl-tests on 2 x H200 (NV18)") {
+  // REFERENCE.md s.6 measured busbw: 71 GB/s at 4 MB, 246 at 64 MB, 325 at 1 GiB
+  // (all-reduce); 258 / 263 at 1 GiB (reduce-scatter / all-gather).
+  const HardwareProfile hw = hardware("h200-sxm");
+  StepFeatures f;
+  f.link_bytes_per_s = hw.links.intra_node_bytes_per_s;
+  const double n = 2, ar_factor = 2 * (n - 1) / n, rs_factor = (n - 1) / n;
+  struct Point {
+    double bytes, busbw;
+  };
+  for (Point p : {Point{4e6, 71e9}, Point{64 * 1048576.0, 246e9}, Point{1073741824.0, 325e9}}) {
+    CAPTURE(p.bytes);
+    const double t = detail::collective_time_s(p.bytes, 1.0, ar_factor, true, f, hw.coefs.data());
+    CHECK(p.bytes * ar_factor / t == doctest::Approx(p.busbw).epsilon(0.15));
+  }
+  const double t_rs = detail::collective_time_s(1073741824.0, 1.0, rs_factor, false, f, hw.coefs.data());
+  CHECK(1073741824.0 * rs_factor / t_rs == doctest::Approx(260e9).epsilon(0.15));
+}
+
+TEST_CASE("properties over the configuration space") {
+  const HardwareProfile hw = hardware("h200-sxm");
+  for (const char* name : {"gpt-j-6b", "llama-2-7b", "qwen2.5-7b"}) {
+    const ModelSpec m = model(name);
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int gpus : {1, 2, 4}) {
+        CAPTURE(name);
+        CAPTURE(stage);
+        CAPTURE(gpus);
+        // One rank: no communication at all.
+        if (gpus == 1) {
+          const Prediction p = evaluate(m, hw, config(stage, 1, 2, 4));
+          CHECK(p.time.grad_comm_total == 0.0);
+          CHECK(p.time.param_gather_total == 0.0);
+        }
+        // GAS amortises per-step costs: tokens/s never falls as GAS grows; step time grows.
+        double last_tps = 0, last_step = 0;
+        for (int64_t gas : {1, 2, 4, 8, 16}) {
+          TrainConfig c = config(stage, gpus, 2, gas);
+          if (stage > 0) c.offload_optimizer = OffloadDevice::kCpu;
+          const Prediction p = evaluate(m, hw, c);
+          CHECK(p.throughput.tokens_per_s >= last_tps * (1 - 1e-12));
+          CHECK(p.time.step > last_step);
+          // The founding report's columns: step = GAS + OPT; rank samples/s = micro x GAS / step.
+          CHECK(p.time.step == doctest::Approx(p.time.gas + p.time.opt));
+          CHECK(p.throughput.rank_samples_per_s == doctest::Approx(2.0 * gas / p.time.step));
+          CHECK(p.throughput.world_samples_per_s == doctest::Approx(gpus * p.throughput.rank_samples_per_s));
+          // Exposed time never exceeds the total.
+          CHECK(p.time.grad_comm <= p.time.grad_comm_total + 1e-15);
+          CHECK(p.time.param_gather <= p.time.param_gather_total + 1e-15);
+          CHECK(p.time.offload_transfer <= p.time.offload_transfer_total + 1e-15);
+          last_tps = p.throughput.tokens_per_s;
+          last_step = p.time.step;
+        }
+        // Checkpointing adds one forward and lowers MFU (recompute is not model FLOPs).
+        TrainConfig c = config(stage, gpus, 2, 2);
+        const Prediction a = evaluate(m, hw, c);
+        c.activation_checkpointing = true;
+        const Prediction b = evaluate(m, hw, c);
+        CHECK(b.time.recompute == doctest::Approx(a.time.forward));
+        CHECK(b.throughput.mfu < a.throughput.mfu);
+      }
+    }
+  }
+}
+
+TEST_CASE("GAS time is (GAS - 1) non-boundary micro-batches") {
+  // Stage 0, one GPU: every micro-batch is forward + backward; the last adds
+  // the optimizer step.
+  const Prediction p = evaluate(model("gpt-j-6b"), hardware("h200-sxm"), config(0, 1, 2, 5));
+  const double micro = (p.time.forward + p.time.backward) / 5.0;
+  CHECK(p.time.gas == doctest::Approx(4.0 * micro));
+  CHECK(p.time.opt == doctest::Approx(micro + p.time.optimizer));
+}
+
+TEST_CASE("CPU AdamW: memory-bound on the shared host, by hand") {
+  // Llama-2-7b, stage 2 + CPU offload on one H200 host slice: 16 cores x 16
+  // lanes x 1.7 GB/s = 435 GB/s of core streaming vs 0.94 x 160 GB/s of DRAM:
+  // DRAM-bound at 150.4 GB/s. Traffic: fp32 grad 4 + master 4+4 + m 4+4 +
+  // v 4+4 + bf16 copy 2 = 30 B/param. 6,738,415,616 x 30 / 150.4e9 = 1.344 s,
+  // plus the 2 ms step overhead.
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(2, 1);
+  c.offload_optimizer = OffloadDevice::kCpu;
+  const Prediction p = evaluate(m, hw, c);
+  CHECK(p.time.optimizer == doctest::Approx(6'738'415'616.0 * 30.0 / (0.94 * 160e9) + 2e-3).epsilon(1e-9));
+  // Two ranks on a two-GPU host share its DRAM: each updates half the
+  // parameters, but both stream at once, so the step takes as long.
+  c.gpus_per_node = 2;
+  const Prediction q = evaluate(m, hw, c);
+  CHECK(q.time.optimizer == doctest::Approx(p.time.optimizer).epsilon(1e-9));
+  // Uploading the updated bf16 shard: 2 B x Psi / 2 over 0.95 x 55 GB/s.
+  CHECK(q.time.offload_transfer_total >= 6'738'415'616.0 / 2 * 2 / (0.95 * 55e9));
+  // 8-bit states move 4 + 8 + 2 + 2 x 2 = 18 B instead of 30: faster when memory-bound.
+  c.optimizer = OptimizerKind::kAdamW8bit;
+  const Prediction r = evaluate(m, hw, c);
+  CHECK(r.time.optimizer < q.time.optimizer);
+}
+
+TEST_CASE("offload slows the step on fast GPUs, and GAS hides it") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  for (int64_t gas : {1, 16}) {
+    TrainConfig c = config(2, 2, 4, gas);
+    const Prediction gpu = evaluate(m, hw, c);
+    c.offload_optimizer = OffloadDevice::kCpu;
+    const Prediction cpu = evaluate(m, hw, c);
+    CHECK(cpu.time.step > gpu.time.step);
+    if (gas == 1) CHECK(cpu.throughput.tokens_per_s < 0.7 * gpu.throughput.tokens_per_s);
+    if (gas == 16) CHECK(cpu.throughput.tokens_per_s > 0.8 * gpu.throughput.tokens_per_s);
+  }
+}
+
+TEST_CASE("multi-node rings run at the inter-node bandwidth") {
+  const ModelSpec m = model("llama-2-13b");
+  const HardwareProfile hw = hardware("h100-sxm");
+  TrainConfig one = config(2, 8, 2, 1);
+  TrainConfig two = one;
+  two.nodes = 2;
+  const Prediction a = evaluate(m, hw, one);
+  const Prediction b = evaluate(m, hw, two);
+  // 8 ranks -> 16 ranks: bus factor rises from 7/8 to 15/16 and the link drops
+  // from 450 to 50 GB/s: gradient reduction takes about 9x as long.
+  CHECK(b.time.grad_comm_total > 5.0 * a.time.grad_comm_total);
+}
