@@ -36,6 +36,9 @@ void validate_config(const TrainConfig& c) {
   if (c.offload_params == OffloadDevice::kCpu && c.zero_stage != 3)
     throw InputError("--offload-params cpu needs --stage 3 (got --stage " +
                      std::to_string(c.zero_stage) + "): only stage 3 partitions parameters");
+  if (c.offload_params == OffloadDevice::kCpu && c.offload_optimizer != OffloadDevice::kCpu)
+    throw InputError("--offload-params cpu needs --offload-optimizer cpu: the fp32 master weights of offloaded "
+                     "parameters are updated on the host");
   if (c.offload_optimizer == OffloadDevice::kCpu && c.zero_stage == 0)
     throw InputError("--offload-optimizer cpu needs --stage 1, 2 or 3 (got --stage 0)");
   if (c.micro_batch < 1) throw InputError("--micro-batch " + std::to_string(c.micro_batch) + " must be at least 1");

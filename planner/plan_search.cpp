@@ -109,7 +109,9 @@ SearchResult search_plans(const SearchRequest& req) {
     for (OffloadDevice off_opt : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
       if (off_opt == OffloadDevice::kCpu && (stage == 0 || !req.allow_offload)) continue;
       for (OffloadDevice off_par : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
-        if (off_par == OffloadDevice::kCpu && (stage != 3 || !req.allow_offload)) continue;
+        if (off_par == OffloadDevice::kCpu &&
+            (stage != 3 || !req.allow_offload || off_opt != OffloadDevice::kCpu))
+          continue;
         // On one rank, stages 1-3 without offload partition nothing: they are stage 0.
         if (world == 1 && stage > 0 && off_opt == OffloadDevice::kNone &&
             off_par == OffloadDevice::kNone) {

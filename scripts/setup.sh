@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config python3
   libeigen3-dev libceres-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev doctest-dev
+  libtorch-dev libgloo-dev
 )
 
 SUDO=""

@@ -32,6 +32,7 @@ expect_error "zero gpus" "--gpus 0" recommend --model 6b --gpus 0
 expect_error "negative seq" "--seq -5" explain --model 6b --seq -5
 expect_error "stage 5" "--stage 5 is not a ZeRO stage" explain --model 6b --stage 5
 expect_error "param offload below stage 3" "needs --stage 3" explain --model 6b --stage 2 --offload-params cpu
+expect_error "param offload alone" "needs --offload-optimizer cpu" explain --model 6b --stage 3 --offload-params cpu
 expect_error "offload at stage 0" "needs --stage 1, 2 or 3" explain --model 6b --stage 0 --offload-optimizer cpu
 expect_error "bad precision" "precision" explain --model 6b --precision fp8
 expect_error "bad optimizer list" "adamw9" recommend --model 6b --optimizers adamw,adamw9

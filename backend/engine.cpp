@@ -1,0 +1,448 @@
+#include "backend/engine.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "backend/compat.h"
+#include "backend/cpu_adamw.h"
+#include "model/errors.h"
+
+namespace stepcast::backend {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+kernels::DType kdtype(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32;
+}
+
+}  // namespace
+
+ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runtime& runtime, Collectives& comm)
+    : spec_(spec),
+      cfg_(options.config),
+      opts_(options),
+      rt_(runtime),
+      comm_(comm),
+      model_(spec, runtime.device()),
+      layout_(build_layout(spec, comm.world())),
+      rank_(comm.rank()),
+      world_(comm.world()) {
+  validate_config(cfg_);
+  if (cfg_.precision == Precision::kFp16)
+    throw InputError("--precision fp16 is not supported by the backend (use bf16 or fp32)");
+  if (cfg_.optimizer == OptimizerKind::kAdamW8bit)
+    throw InputError("--optimizer adamw8bit is not in the backend yet (issue \"Backend v2\")");
+  work_dtype_ = cfg_.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
+  init_parameters();
+}
+
+torch::TensorOptions ZeroEngine::work_opts() const { return torch::dtype(work_dtype_).device(rt_.device()); }
+
+torch::TensorOptions ZeroEngine::host_opts(torch::ScalarType dtype) const {
+  auto o = torch::dtype(dtype).device(torch::kCPU);
+  return rt_.is_cuda() ? o.pinned_memory(true) : o;
+}
+
+int64_t ZeroEngine::opt_offset(const Unit& u) const {
+  return cfg_.zero_stage >= 1 ? rank_ * u.layout->shard_numel() : 0;
+}
+
+int64_t ZeroEngine::opt_numel(const Unit& u) const {
+  return cfg_.zero_stage >= 1 ? u.layout->shard_numel() : u.layout->padded_numel;
+}
+
+void ZeroEngine::init_parameters() {
+  const bool fp32 = work_dtype_ == torch::kFloat;
+  const int stage = cfg_.zero_stage;
+  units_.resize(layout_.size());
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    Unit& u = units_[i];
+    u.layout = &layout_[i];
+    const int64_t padded = u.layout->padded_numel, shard = u.layout->shard_numel();
+    // The same full initial weights on every rank, whatever the stage.
+    torch::Tensor init = torch::empty({padded}, torch::dtype(torch::kFloat).device(rt_.device()));
+    init_unit(*u.layout, init, opts_.seed * 1000003ULL + i, spec_.num_layers);
+    const torch::Tensor own = init.narrow(0, opt_offset(u), opt_numel(u));
+
+    u.full = torch::empty({padded}, work_opts());
+    u.full.copy_(init);
+    u.leaves = make_views(*u.layout, u.full, /*requires_grad=*/true);
+    if (stage == 3) {
+      if (param_offload()) {
+        u.shard = torch::empty({shard}, host_opts(work_dtype_));
+        u.shard.copy_(own);
+      } else {
+        u.shard = own.to(work_dtype_).clone();
+      }
+      compat::free_storage(u.full);
+    }
+    if (stage <= 1) u.full_grad = torch::zeros({padded}, work_opts());
+    if (offload()) {
+      u.master = torch::empty({opt_numel(u)}, host_opts(torch::kFloat));
+      u.master.copy_(own);
+      u.exp_avg = torch::zeros({opt_numel(u)}, host_opts(torch::kFloat));
+      u.exp_avg_sq = torch::zeros({opt_numel(u)}, host_opts(torch::kFloat));
+      u.host_grad = torch::zeros({opt_numel(u)}, host_opts(torch::kFloat));
+      // Gradients come down through `staging`; updated parameters go up from it, or,
+      // with parameter offload, the optimizer writes them straight into the host shard.
+      u.staging = torch::empty({opt_numel(u)}, host_opts(work_dtype_));
+    } else {
+      if (fp32) {
+        // fp32 training: the working copy is the master copy (no duplicate).
+        u.master = stage == 3 ? u.shard : u.full.narrow(0, opt_offset(u), opt_numel(u));
+      } else {
+        u.master = own.clone();
+      }
+      u.exp_avg = torch::zeros({opt_numel(u)}, torch::dtype(torch::kFloat).device(rt_.device()));
+      u.exp_avg_sq = torch::zeros_like(u.exp_avg);
+      if (stage >= 2) u.grad_acc = torch::zeros({shard}, work_opts());
+    }
+  }
+  rt_.synchronize();
+}
+
+// --- stage 3: gather, wait, release -------------------------------------------
+void ZeroEngine::gather(size_t i) {
+  Unit& u = units_[i];
+  if (u.gathered) return;
+  compat::alloc_storage(u.full, static_cast<size_t>(u.layout->padded_numel) * u.full.element_size());
+  rt_.comm_waits_for_compute();  // the fresh block may still be in use by earlier compute
+  torch::Tensor own = u.full.narrow(0, rank_ * u.layout->shard_numel(), u.layout->shard_numel());
+  if (param_offload()) {
+    rt_.copy_to_device_on_comm(own, u.shard);
+    comm_.all_gather(own, u.full);
+  } else {
+    comm_.all_gather(u.shard, u.full);
+  }
+  u.ready_event = rt_.record_comm_event();
+  u.gathered = true;
+}
+
+void ZeroEngine::wait_gathered(size_t i, std::vector<std::pair<int, int>>& waits) {
+  const int a = rt_.mark();
+  rt_.compute_waits_for_event(units_[i].ready_event);
+  waits.emplace_back(a, rt_.mark());
+}
+
+void ZeroEngine::release(size_t i) {
+  Unit& u = units_[i];
+  if (!u.gathered) return;
+  compat::free_storage(u.full);
+  u.gathered = false;
+}
+
+// --- gradients ----------------------------------------------------------------
+void ZeroEngine::prepare_grads(size_t i) {
+  Unit& u = units_[i];
+  if (cfg_.zero_stage >= 2) u.full_grad = torch::zeros({u.layout->padded_numel}, work_opts());
+  // Gradients accumulate in place into views of the flat gradient buffer.
+  for (size_t p = 0; p < u.layout->params.size(); ++p) {
+    const ParamSlot& slot = u.layout->params[p];
+    u.leaves.tensors[p].mutable_grad() = u.full_grad.narrow(0, slot.offset, slot.numel).view(slot.shape);
+  }
+}
+
+void ZeroEngine::drain_pending(size_t keep) {
+  // Transient gradient buffers live until the communication reading them is done.
+  while (!pending_.empty() && (pending_.size() > keep || rt_.event_done(pending_.front().event))) {
+    if (pending_.size() > keep) rt_.host_waits_for_event(pending_.front().event);
+    pending_.pop_front();
+  }
+}
+
+void ZeroEngine::reduce_unit(size_t i, bool boundary, bool first_micro) {
+  Unit& u = units_[i];
+  const int stage = cfg_.zero_stage;
+  const int64_t shard = u.layout->shard_numel();
+  if (stage <= 1 && !boundary) return;  // accumulate locally
+  rt_.comm_waits_for_compute();
+  if (stage == 0) {
+    comm_.all_reduce_sum(u.full_grad);
+    return;
+  }
+  // Reduce-scatter in place: this rank's shard of the sum lands in its own slice.
+  torch::Tensor own = u.full_grad.narrow(0, rank_ * shard, shard);
+  comm_.reduce_scatter_sum(u.full_grad, own);
+  if (offload()) {
+    rt_.copy_to_host_on_comm(u.staging, own);
+  } else if (stage >= 2) {
+    rt_.add_inplace_on_comm(u.grad_acc, own);
+  }
+  if (stage >= 2) {
+    pending_.push_back({u.full_grad, rt_.record_comm_event()});
+    for (auto& leaf : u.leaves.tensors) leaf.mutable_grad() = torch::Tensor();
+    u.full_grad = torch::Tensor();
+    drain_pending(2);  // at most two buckets in flight, as the planner's memory model assumes
+  }
+  (void)first_micro;
+}
+
+void ZeroEngine::host_accumulate(bool first_micro) {
+  // Offloaded gradient shards arrived in the pinned staging buffers: sum them
+  // in fp32 on the host (overwrite on the first micro-batch).
+  rt_.synchronize();
+  for (Unit& u : units_)
+    cpu_accumulate(u.host_grad.data_ptr<float>(), u.staging.data_ptr(), kdtype(work_dtype_), u.host_grad.numel(),
+                   first_micro);
+}
+
+// --- optimizer ------------------------------------------------------------------
+void ZeroEngine::optimizer_step() {
+  kernels::AdamWArgs args = opts_.adamw;
+  args.step = step_;
+  args.grad_scale = 1.0f / static_cast<float>(world_ * cfg_.gas);
+  const int stage = cfg_.zero_stage;
+  const bool fp32 = work_dtype_ == torch::kFloat;
+  for (Unit& u : units_) {
+    const int64_t off = opt_offset(u), n = opt_numel(u);
+    if (offload()) {
+      torch::Tensor& dst = param_offload() ? u.shard : u.staging;
+      cpu_adamw(u.master.data_ptr<float>(), u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(),
+                u.host_grad.data_ptr<float>(), dst.data_ptr(), kdtype(work_dtype_), n, args);
+      continue;
+    }
+    torch::Tensor grad = stage >= 2 ? u.grad_acc : u.full_grad.narrow(0, off, n);
+    torch::Tensor out;
+    if (!fp32) out = stage == 3 ? u.shard : u.full.narrow(0, off, n);
+    if (rt_.is_cuda()) {
+      kernels::adamw(u.master.data_ptr<float>(), u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(),
+                     grad.data_ptr(), kdtype(work_dtype_), out.defined() ? out.data_ptr() : nullptr,
+                     kdtype(work_dtype_), n, args, nullptr);
+    } else {
+      torch::Tensor g32 = grad.to(torch::kFloat).contiguous();
+      cpu_adamw(u.master.data_ptr<float>(), u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(),
+                g32.data_ptr<float>(), out.defined() ? out.data_ptr() : nullptr, kdtype(work_dtype_), n, args);
+    }
+  }
+}
+
+// --- one step -------------------------------------------------------------------
+StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batches) {
+  STEPCAST_ASSERT(static_cast<int64_t>(micro_batches.size()) == cfg_.gas);
+  ++step_;
+  const int stage = cfg_.zero_stage;
+  const bool ckpt = cfg_.activation_checkpointing;
+  const size_t n_units = units_.size();
+  rt_.reset_markers();
+  const int m_step = rt_.mark();
+  for (Unit& u : units_) {
+    if (stage <= 1) u.full_grad.zero_();
+    if (u.grad_acc.defined()) u.grad_acc.zero_();
+  }
+  torch::Tensor loss_sum = torch::zeros({1}, torch::dtype(torch::kFloat).device(rt_.device()));
+  std::vector<std::pair<int, int>> fwd_waits, bwd_waits;
+  struct MicroMarks {
+    int start, fwd_end, bwd_end, comm_done, host_done;
+  };
+  std::vector<MicroMarks> marks;
+  int m_last_micro = m_step;
+
+  for (int64_t mb = 0; mb < cfg_.gas; ++mb) {
+    const bool boundary = mb == cfg_.gas - 1;
+    MicroMarks mm{};
+    mm.start = rt_.mark();
+    if (boundary) m_last_micro = mm.start;
+    const torch::Tensor& batch = micro_batches[static_cast<size_t>(mb)];
+    const int64_t s = batch.size(1) - 1;
+    const torch::Tensor tokens = batch.narrow(1, 0, s), targets = batch.narrow(1, 1, s);
+
+    // Forward, unit by unit; each unit's input is a leaf so that its backward can run on its own.
+    std::vector<Saved> saved(n_units);
+    torch::Tensor x;
+    if (stage == 3) gather(0);
+    for (size_t i = 0; i < n_units; ++i) {
+      if (stage == 3) {
+        if (i + 1 < n_units) gather(i + 1);  // prefetch overlaps this unit's forward
+        wait_gathered(i, fwd_waits);
+      }
+      const UnitLayout& ul = *units_[i].layout;
+      const UnitParams& p = units_[i].leaves;
+      if (ul.kind == UnitKind::kEmbedding) {
+        saved[i].out = model_.embed(p, tokens);
+      } else {
+        saved[i].x_in = x.detach().requires_grad_(true);
+        if (ul.kind == UnitKind::kHead) {
+          saved[i].out = model_.head_loss(p, saved[i].x_in, targets);
+        } else if (ckpt) {
+          torch::NoGradGuard no_grad;
+          saved[i].out = model_.layer(p, saved[i].x_in);
+        } else {
+          saved[i].out = model_.layer(p, saved[i].x_in);
+        }
+      }
+      x = saved[i].out;
+      if (stage == 3 && i + 1 < n_units) release(i);  // the head stays for its backward
+    }
+    loss_sum += saved[n_units - 1].out.detach();
+    mm.fwd_end = rt_.mark();
+
+    // Backward, unit by unit in reverse; each unit's gradients are reduced as soon as they exist.
+    torch::Tensor grad_out;
+    for (size_t k = n_units; k-- > 0;) {
+      if (stage == 3) {
+        if (k > 0) gather(k - 1);
+        gather(k);
+        wait_gathered(k, bwd_waits);
+      }
+      prepare_grads(k);
+      const UnitLayout& ul = *units_[k].layout;
+      Saved& sv = saved[k];
+      if (ul.kind == UnitKind::kHead) {
+        torch::autograd::backward({sv.out});
+      } else if (ul.kind == UnitKind::kLayer && ckpt) {
+        torch::Tensor out = model_.layer(units_[k].leaves, sv.x_in);  // recompute
+        torch::autograd::backward({out}, {grad_out});
+      } else {
+        torch::autograd::backward({sv.out}, {grad_out});
+      }
+      if (sv.x_in.defined()) grad_out = sv.x_in.grad();
+      sv = Saved{};
+      if (stage == 3) release(k);
+      reduce_unit(k, boundary, mb == 0);
+    }
+    mm.bwd_end = rt_.mark();
+    rt_.compute_waits_for_comm();
+    mm.comm_done = rt_.mark();
+    drain_pending(0);
+    if (offload() && (stage >= 2 || boundary)) host_accumulate(mb == 0 || stage == 1);
+    mm.host_done = rt_.mark();
+    marks.push_back(mm);
+  }
+
+  // Optimizer step on this rank's shard, then the parameters come back.
+  if (offload()) rt_.synchronize();
+  const int m_opt = rt_.mark();
+  optimizer_step();
+  const int m_opt_end = rt_.mark();
+  for (Unit& u : units_) {
+    if (offload() && !param_offload()) {
+      torch::Tensor dst = stage == 3 ? u.shard : u.full.narrow(0, opt_offset(u), opt_numel(u));
+      rt_.copy_to_device(dst, u.staging);
+    }
+  }
+  const int m_upload = rt_.mark();
+  if (stage == 1 || stage == 2) {
+    rt_.comm_waits_for_compute();
+    for (Unit& u : units_) {
+      torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+      comm_.all_gather(own, u.full);
+    }
+    rt_.compute_waits_for_comm();
+  }
+  const int m_end = rt_.mark();
+
+  // The loss, averaged over micro-batches and ranks.
+  rt_.comm_waits_for_compute();
+  comm_.all_reduce_sum(loss_sum);
+  rt_.compute_waits_for_comm();
+  rt_.synchronize();
+  StepResult r;
+  r.step = step_;
+  r.loss = loss_sum.item<double>() / static_cast<double>(cfg_.gas * world_);
+
+  StepTiming& t = r.time;
+  double fwd_wait = 0, bwd_wait = 0;
+  for (auto [a, b] : fwd_waits) fwd_wait += rt_.elapsed_s(a, b);
+  for (auto [a, b] : bwd_waits) bwd_wait += rt_.elapsed_s(a, b);
+  for (const MicroMarks& mm : marks) {
+    t.forward += rt_.elapsed_s(mm.start, mm.fwd_end);
+    t.backward += rt_.elapsed_s(mm.fwd_end, mm.bwd_end);
+    t.grad_comm += rt_.elapsed_s(mm.bwd_end, mm.comm_done);
+    t.offload_transfer += rt_.elapsed_s(mm.comm_done, mm.host_done);
+  }
+  t.forward -= fwd_wait;
+  t.backward -= bwd_wait;
+  t.param_gather = fwd_wait + bwd_wait;
+  t.optimizer = rt_.elapsed_s(m_opt, m_opt_end);
+  t.offload_transfer += rt_.elapsed_s(m_opt_end, m_upload);
+  t.grad_comm += rt_.elapsed_s(m_upload, m_end);
+  t.step = rt_.elapsed_s(m_step, m_end);
+  t.gas = rt_.elapsed_s(m_step, m_last_micro);
+  t.opt = t.step - t.gas;
+  if (!std::isfinite(r.loss)) throw NonFiniteLoss(step_, r.loss);
+  return r;
+}
+
+// --- parameters out, checkpoints -------------------------------------------------
+torch::Tensor ZeroEngine::full_params_fp32() {
+  std::vector<torch::Tensor> parts;
+  for (Unit& u : units_) {
+    torch::Tensor full = torch::empty({u.layout->padded_numel}, torch::dtype(torch::kFloat).device(rt_.device()));
+    torch::Tensor mine = u.master.to(rt_.device()).to(torch::kFloat).contiguous();
+    rt_.comm_waits_for_compute();
+    if (cfg_.zero_stage == 0) {
+      full.copy_(mine);
+    } else {
+      comm_.all_gather(mine, full);
+    }
+    rt_.compute_waits_for_comm();
+    parts.push_back(full.narrow(0, 0, u.layout->numel).to(torch::kCPU));
+  }
+  rt_.synchronize();
+  return torch::cat(parts);
+}
+
+void ZeroEngine::save(const std::string& dir) {
+  fs::create_directories(dir);
+  std::vector<torch::Tensor> tensors;
+  for (Unit& u : units_) {
+    tensors.push_back(u.master.to(torch::kCPU).clone());
+    tensors.push_back(u.exp_avg.to(torch::kCPU).clone());
+    tensors.push_back(u.exp_avg_sq.to(torch::kCPU).clone());
+  }
+  tensors.push_back(torch::tensor({step_}, torch::kLong));
+  const fs::path final_path = fs::path(dir) / ("rank" + std::to_string(rank_) + ".pt");
+  const fs::path tmp = fs::path(dir) / (".rank" + std::to_string(rank_) + ".pt.tmp");
+  torch::save(tensors, tmp.string());
+  fs::rename(tmp, final_path);
+  comm_.barrier();
+}
+
+void ZeroEngine::load(const std::string& dir) {
+  const fs::path path = fs::path(dir) / ("rank" + std::to_string(rank_) + ".pt");
+  if (!fs::exists(path))
+    throw InputError(path.string() + ": no checkpoint for rank " + std::to_string(rank_) +
+                     " (was it saved with the same number of ranks?)");
+  std::vector<torch::Tensor> tensors;
+  torch::load(tensors, path.string());
+  if (tensors.size() != 3 * units_.size() + 1)
+    throw InputError(path.string() + ": checkpoint holds " + std::to_string(tensors.size()) +
+                     " tensors, this model and stage need " + std::to_string(3 * units_.size() + 1));
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    for (int k = 0; k < 3; ++k) {
+      torch::Tensor& dst = k == 0 ? u.master : (k == 1 ? u.exp_avg : u.exp_avg_sq);
+      const torch::Tensor& src = tensors[3 * i + static_cast<size_t>(k)];
+      if (src.numel() != dst.numel())
+        throw InputError(path.string() + ": unit " + u.layout->name + " has " + std::to_string(src.numel()) +
+                         " values, expected " + std::to_string(dst.numel()) + " (same model, stage and ranks?)");
+      dst.copy_(src);
+    }
+  }
+  step_ = tensors.back().item<int64_t>();
+  refresh_working_from_master();
+}
+
+void ZeroEngine::refresh_working_from_master() {
+  // After loading master weights: rebuild the working-precision parameters.
+  const int stage = cfg_.zero_stage;
+  for (Unit& u : units_) {
+    torch::Tensor m = u.master.to(rt_.device());
+    if (stage == 3) {
+      if (u.shard.data_ptr() != u.master.data_ptr()) u.shard.copy_(u.master);
+      continue;
+    }
+    torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+    if (own.data_ptr() != u.master.data_ptr()) own.copy_(m);
+    if (stage >= 1) {
+      rt_.comm_waits_for_compute();
+      comm_.all_gather(own, u.full);
+      rt_.compute_waits_for_comm();
+    }
+  }
+  rt_.synchronize();
+}
+
+}  // namespace stepcast::backend

@@ -1,0 +1,134 @@
+// The ZeRO engine: data-parallel training of the transformer with ZeRO stage
+// 0-3 (Rajbhandari et al. 2020), gradient accumulation, bf16 or fp32, AdamW on
+// the GPU or offloaded to the CPU, parameter offload at stage 3, activation
+// checkpointing, and per-phase timing of every step.
+//
+// Stage 0  every rank holds everything; gradients accumulate locally and are
+//          all-reduced on the last micro-batch.
+// Stage 1  optimizer states sharded; gradients accumulate locally and are
+//          reduce-scattered on the last micro-batch; updated shards all-gathered.
+// Stage 2  gradients sharded too: each unit's gradient is reduce-scattered as
+//          soon as its backward is done, every micro-batch, into a shard accumulator.
+// Stage 3  parameters sharded too: each unit is all-gathered before its forward
+//          and again before its backward (prefetching the next), then freed.
+// Communication runs on its own stream, unit by unit, overlapping the compute.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <deque>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/collectives.h"
+#include "backend/kernels.h"
+#include "backend/layout.h"
+#include "backend/runtime.h"
+#include "backend/transformer.h"
+#include "model/train_config.h"
+
+namespace stepcast::backend {
+
+struct EngineOptions {
+  TrainConfig config;
+  kernels::AdamWArgs adamw;  // lr, betas, eps, weight decay (step and scale are set per step)
+  uint64_t seed = 1234;
+};
+
+// Seconds, per step, on rank 0's clock; columns as in the planner's JSON.
+struct StepTiming {
+  double step = 0, gas = 0, opt = 0;
+  double forward = 0, backward = 0;  // backward includes the recomputation with checkpointing
+  double grad_comm = 0, param_gather = 0, offload_transfer = 0, optimizer = 0;  // exposed
+};
+
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0;  // mean over micro-batches and ranks
+  StepTiming time;
+};
+
+class NonFiniteLoss : public std::runtime_error {
+ public:
+  NonFiniteLoss(int64_t step, double loss)
+      : std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step)), step_(step) {}
+  int64_t step() const { return step_; }
+
+ private:
+  int64_t step_;
+};
+
+class ZeroEngine {
+ public:
+  ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runtime& runtime, Collectives& comm);
+
+  // One optimizer step over `micro_batches` (GAS of them), each (B, S + 1) int64 tokens on the device.
+  StepResult train_step(const std::vector<torch::Tensor>& micro_batches);
+
+  // Every parameter in fp32, in layout order without padding, on the CPU (collective: call on all ranks).
+  torch::Tensor full_params_fp32();
+
+  // Checkpoints: each rank writes its shards (temporary file, then rename).
+  void save(const std::string& dir);
+  void load(const std::string& dir);
+
+  int64_t step_count() const { return step_; }
+  int64_t num_params() const { return total_numel(layout_); }
+  const std::vector<UnitLayout>& layout() const { return layout_; }
+
+ private:
+  struct Unit {
+    const UnitLayout* layout = nullptr;
+    torch::Tensor full;       // working precision, padded; stage 3: storage only while gathered
+    UnitParams leaves;        // parameter leaves viewing `full`
+    torch::Tensor full_grad;  // stage 0/1: persistent; stage 2/3: one micro-batch's, transient
+    torch::Tensor shard;      // stage 3: this rank's working-precision parameters (host with param offload)
+    torch::Tensor grad_acc;   // stage 2/3 on the GPU: this rank's accumulated gradient shard
+    torch::Tensor host_grad;  // offload: fp32 gradient accumulator on the host
+    torch::Tensor staging;    // offload: pinned working-precision shard (gradients down, parameters up)
+    torch::Tensor master, exp_avg, exp_avg_sq;  // fp32 optimizer shard (host with offload)
+    bool gathered = false;
+    int ready_event = -1;
+  };
+  struct Saved {
+    torch::Tensor x_in, out;
+  };
+  struct Pending {
+    torch::Tensor buffer;
+    int event;
+  };
+
+  bool offload() const { return cfg_.offload_optimizer == OffloadDevice::kCpu; }
+  bool param_offload() const { return cfg_.offload_params == OffloadDevice::kCpu; }
+  int64_t opt_offset(const Unit& u) const;  // start of this rank's optimizer shard within the unit
+  int64_t opt_numel(const Unit& u) const;
+  torch::TensorOptions work_opts() const;
+  torch::TensorOptions host_opts(torch::ScalarType dtype) const;
+
+  void init_parameters();
+  void refresh_working_from_master();
+  void gather(size_t u);
+  void wait_gathered(size_t u, std::vector<std::pair<int, int>>& waits);
+  void release(size_t u);
+  void prepare_grads(size_t u);
+  void reduce_unit(size_t u, bool boundary, bool first_micro);
+  void drain_pending(size_t keep);
+  void host_accumulate(bool first_micro);
+  void optimizer_step();
+
+  ModelSpec spec_;
+  TrainConfig cfg_;
+  EngineOptions opts_;
+  Runtime& rt_;
+  Collectives& comm_;
+  Transformer model_;
+  std::vector<UnitLayout> layout_;
+  std::vector<Unit> units_;
+  std::deque<Pending> pending_;
+  torch::ScalarType work_dtype_;
+  int64_t step_ = 0;
+  int rank_, world_;
+};
+
+}  // namespace stepcast::backend

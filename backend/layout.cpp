@@ -1,0 +1,98 @@
+#include "backend/layout.h"
+
+#include "model/errors.h"
+
+namespace stepcast::backend {
+
+const ParamSlot& UnitLayout::param(const std::string& n) const {
+  for (const auto& p : params)
+    if (p.name == n) return p;
+  STEPCAST_ASSERT(false && "unknown parameter name");
+}
+
+namespace {
+
+class UnitBuilder {
+ public:
+  UnitBuilder(UnitKind kind, std::string name) {
+    unit_.kind = kind;
+    unit_.name = std::move(name);
+  }
+  void add(const std::string& name, std::vector<int64_t> shape, Init init) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    unit_.params.push_back({name, std::move(shape), unit_.numel, n, init});
+    unit_.numel += n;
+  }
+  UnitLayout finish(int world) {
+    const int64_t align = 64 * world;  // shards start 64-element aligned
+    unit_.world = world;
+    unit_.padded_numel = (unit_.numel + align - 1) / align * align;
+    return unit_;
+  }
+
+ private:
+  UnitLayout unit_;
+};
+
+}  // namespace
+
+std::vector<UnitLayout> build_layout(const ModelSpec& m, int world) {
+  const bool llama_like = m.model_type == "llama" || m.model_type == "mistral" || m.model_type == "qwen2";
+  if (!llama_like && m.model_type != "gpt_neox" && m.model_type != "gptj")
+    throw InputError("model '" + m.name + "' (model_type " + m.model_type +
+                     "): the backend runs llama, mistral, qwen2, gpt_neox and gptj");
+  if (m.tied_embeddings) throw InputError("model '" + m.name + "': tied embeddings are not supported by the backend");
+  if (m.learned_position_embeddings > 0 || m.word_embed_proj_dim > 0)
+    throw InputError("model '" + m.name + "': learned position embeddings are not supported by the backend");
+  const int64_t h = m.hidden_size, i = m.intermediate_size;
+  const bool layer_norm = m.norm == NormKind::kLayer;
+  std::vector<UnitLayout> units;
+
+  UnitBuilder embed(UnitKind::kEmbedding, "embed");
+  embed.add("wte", {m.vocab_size, h}, Init::kNormal);
+  units.push_back(embed.finish(world));
+
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    UnitBuilder u(UnitKind::kLayer, "layer" + std::to_string(l));
+    auto norm = [&](const std::string& name) {
+      u.add(name + ".weight", {h}, Init::kOnes);
+      if (layer_norm) u.add(name + ".bias", {h}, Init::kZeros);
+    };
+    norm("norm1");
+    if (m.norms_per_layer == 2) norm("norm2");
+    // q, k and v in one matrix: one GEMM (rows: q_dim, then kv_dim for k and v).
+    u.add("qkv.weight", {m.q_dim() + 2 * m.kv_dim(), h}, Init::kNormal);
+    if (m.qkv_bias) u.add("qkv.bias", {m.q_dim() + 2 * m.kv_dim()}, Init::kZeros);
+    u.add("o.weight", {h, m.q_dim()}, Init::kScaledNormal);
+    if (m.attn_out_bias) u.add("o.bias", {h}, Init::kZeros);
+    if (m.gated_mlp) {
+      u.add("up.weight", {2 * i, h}, Init::kNormal);  // gate rows, then up rows
+      if (m.mlp_bias) u.add("up.bias", {2 * i}, Init::kZeros);
+    } else {
+      u.add("up.weight", {i, h}, Init::kNormal);
+      if (m.mlp_bias) u.add("up.bias", {i}, Init::kZeros);
+    }
+    u.add("down.weight", {h, i}, Init::kScaledNormal);
+    if (m.mlp_bias) u.add("down.bias", {h}, Init::kZeros);
+    units.push_back(u.finish(world));
+  }
+
+  UnitBuilder head(UnitKind::kHead, "head");
+  if (m.final_norm) {
+    head.add("norm.weight", {h}, Init::kOnes);
+    if (layer_norm) head.add("norm.bias", {h}, Init::kZeros);
+  }
+  head.add("lm_head.weight", {m.vocab_size, h}, Init::kNormal);
+  if (m.lm_head_bias) head.add("lm_head.bias", {m.vocab_size}, Init::kZeros);
+  units.push_back(head.finish(world));
+  return units;
+}
+
+int64_t total_numel(const std::vector<UnitLayout>& units) {
+  int64_t n = 0;
+  for (const auto& u : units) n += u.numel;
+  return n;
+}
+
+}  // namespace stepcast::backend

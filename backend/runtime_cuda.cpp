@@ -1,0 +1,171 @@
+// The CUDA runtime of the engine: raw streams and events beside LibTorch's
+// compute stream. Built wherever the CUDA toolkit is found; LibTorch's CUDA
+// parts (current stream, allocator statistics) only where LibTorch has CUDA.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "backend/kernels.h"
+#include "backend/runtime.h"
+
+#ifdef STEPCAST_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace stepcast::backend {
+
+namespace {
+
+void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                             cudaGetErrorString(err));
+}
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+
+kernels::DType dtype_of(const torch::Tensor& t) {
+  if (t.scalar_type() == torch::kFloat) return kernels::DType::kFloat32;
+  if (t.scalar_type() == torch::kBFloat16) return kernels::DType::kBFloat16;
+  throw std::runtime_error("unsupported dtype for the engine's kernels");
+}
+
+class CudaRuntime final : public Runtime {
+ public:
+  explicit CudaRuntime(int index) : index_(index) {
+    CUDA_CHECK(cudaSetDevice(index));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming));
+  }
+  ~CudaRuntime() override {
+    for (auto e : events_) cudaEventDestroy(e);
+    for (auto e : markers_) cudaEventDestroy(e);
+    cudaEventDestroy(sync_event_);
+    cudaStreamDestroy(comm_);
+  }
+  bool is_cuda() const override { return true; }
+  torch::Device device() const override { return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index_)); }
+
+  cudaStream_t compute() const {
+#ifdef STEPCAST_TORCH_CUDA
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)).stream();
+#else
+    return nullptr;  // LibTorch's default stream is the legacy default stream
+#endif
+  }
+
+  void comm_waits_for_compute() override {
+    CUDA_CHECK(cudaEventRecord(sync_event_, compute()));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_, sync_event_, 0));
+  }
+  int record_comm_event() override {
+    if (next_event_ == events_.size()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      events_.push_back(e);
+    }
+    CUDA_CHECK(cudaEventRecord(events_[next_event_], comm_));
+    return static_cast<int>(next_event_++);
+  }
+  void compute_waits_for_event(int e) override { CUDA_CHECK(cudaStreamWaitEvent(compute(), events_.at(static_cast<size_t>(e)), 0)); }
+  bool event_done(int e) override {
+    cudaError_t r = cudaEventQuery(events_.at(static_cast<size_t>(e)));
+    if (r == cudaErrorNotReady) return false;
+    CUDA_CHECK(r);
+    return true;
+  }
+  void host_waits_for_event(int e) override { CUDA_CHECK(cudaEventSynchronize(events_.at(static_cast<size_t>(e)))); }
+  void compute_waits_for_comm() override {
+    CUDA_CHECK(cudaEventRecord(sync_event_, comm_));
+    CUDA_CHECK(cudaStreamWaitEvent(compute(), sync_event_, 0));
+  }
+  void* comm_stream() override { return comm_; }
+  void synchronize() override {
+    CUDA_CHECK(cudaStreamSynchronize(comm_));
+    CUDA_CHECK(cudaStreamSynchronize(compute()));
+  }
+  int mark() override {
+    if (next_marker_ == markers_.size()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      markers_.push_back(e);
+    }
+    CUDA_CHECK(cudaEventRecord(markers_[next_marker_], compute()));
+    return static_cast<int>(next_marker_++);
+  }
+  double elapsed_s(int from, int to) override {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, markers_.at(static_cast<size_t>(from)), markers_.at(static_cast<size_t>(to))));
+    return 1e-3 * ms;
+  }
+  void reset_markers() override {
+    next_marker_ = 0;
+    next_event_ = 0;
+  }
+  void add_inplace_on_comm(torch::Tensor& dst, const torch::Tensor& src) override {
+    kernels::add_inplace(dst.data_ptr(), src.data_ptr(), dst.numel(), dtype_of(dst), comm_);
+  }
+  void copy_to_host_on_comm(torch::Tensor& host, const torch::Tensor& dev) override {
+    CUDA_CHECK(cudaMemcpyAsync(host.data_ptr(), dev.data_ptr(), dev.numel() * dev.element_size(),
+                               cudaMemcpyDeviceToHost, comm_));
+  }
+  void copy_to_device(torch::Tensor& dev, const torch::Tensor& host) override {
+    CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.numel() * host.element_size(),
+                               cudaMemcpyHostToDevice, compute()));
+  }
+  void copy_to_device_on_comm(torch::Tensor& dev, const torch::Tensor& host) override {
+    CUDA_CHECK(cudaMemcpyAsync(dev.data_ptr(), host.data_ptr(), host.numel() * host.element_size(),
+                               cudaMemcpyHostToDevice, comm_));
+  }
+  std::string driver_version() override {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    return "driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
+  }
+  double peak_allocated_bytes() override {
+#ifdef STEPCAST_TORCH_CUDA
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index_));
+    return static_cast<double>(stats.allocated_bytes[0].peak);
+#else
+    return 0;
+#endif
+  }
+  double peak_reserved_bytes() override {
+#ifdef STEPCAST_TORCH_CUDA
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index_));
+    return static_cast<double>(stats.reserved_bytes[0].peak);
+#else
+    return 0;
+#endif
+  }
+  void reset_peak() override {
+#ifdef STEPCAST_TORCH_CUDA
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index_));
+#endif
+  }
+  double device_memory_bytes() override {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return static_cast<double>(total_b);
+  }
+  std::string device_name() override {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
+    return prop.name;
+  }
+
+ private:
+  int index_;
+  cudaStream_t comm_{};
+  cudaEvent_t sync_event_{};
+  std::vector<cudaEvent_t> events_, markers_;
+  size_t next_event_ = 0, next_marker_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Runtime> Runtime::cuda(int index) { return std::make_unique<CudaRuntime>(index); }
+
+}  // namespace stepcast::backend

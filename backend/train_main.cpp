@@ -1,0 +1,328 @@
+// train: runs one configuration on the backend and prints, per step, the
+// measured time of every phase beside the planner's prediction.
+//
+//   train --model llama-2-7b --stage 2 --micro-batch 4 --gas 4 --steps 10 --nproc 2
+//   train --plan plan.json --data data/text/kjv_genesis_exodus.txt --json-out runs.jsonl
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "backend/collectives.h"
+#include "backend/data.h"
+#include "backend/engine.h"
+#include "backend/launcher.h"
+#include "model/errors.h"
+#include "model/prediction.h"
+#include "planner/atomic_file.h"
+
+#ifndef STEPCAST_GIT_COMMIT
+#define STEPCAST_GIT_COMMIT "unknown"
+#endif
+
+namespace stepcast::backend {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+struct Flags {
+  std::string model, plan, data, save, resume, json_out, dump_params, hardware = "h200-sxm", device = "auto", data_dir;
+  int stage = 0, nproc = 1;
+  std::string offload_optimizer = "none", offload_params = "none", optimizer = "adamw", precision = "bf16",
+              checkpointing = "off";
+  int64_t micro_batch = 1, gas = 1, seq = 2048, steps = 10, warmup = 2;
+  double lr = 3e-4, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95;
+  uint64_t seed = 1234;
+  bool quiet = false;
+  int fault_rank = -1;     // testing: this rank exits abruptly at fault_step
+  int64_t fault_step = 0;
+};
+
+std::filesystem::path data_dir(const Flags& f) {
+  if (!f.data_dir.empty()) return f.data_dir;
+  if (const char* env = std::getenv("STEPCAST_DATA_DIR")) return env;
+  return STEPCAST_DATA_DIR;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+TrainConfig config_from(const Flags& f, const CLI::App& app) {
+  TrainConfig c;
+  if (!f.plan.empty()) {
+    std::ifstream in(f.plan);
+    if (!in) throw InputError(f.plan + ": cannot open the --plan file");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+      const auto& pc = j.at("plans").at(0).at("config");
+      c.zero_stage = pc.at("zero_stage").get<int>();
+      c.offload_optimizer = parse_offload(pc.at("offload_optimizer").get<std::string>(), f.plan + ": plans[0].config.offload_optimizer");
+      c.offload_params = parse_offload(pc.at("offload_params").get<std::string>(), f.plan + ": plans[0].config.offload_params");
+      c.optimizer = parse_optimizer(pc.at("optimizer").get<std::string>(), f.plan + ": plans[0].config.optimizer");
+      c.precision = parse_precision(pc.at("precision").get<std::string>(), f.plan + ": plans[0].config.precision");
+      c.micro_batch = pc.at("micro_batch").get<int64_t>();
+      c.gas = pc.at("gas").get<int64_t>();
+      c.seq_len = pc.at("seq_len").get<int64_t>();
+      c.activation_checkpointing = pc.at("activation_checkpointing").get<bool>();
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(f.plan + ": not a planner plan (" + std::string(e.what()) + ")");
+    }
+  }
+  auto given = [&](const char* flag) { return f.plan.empty() || app.count(flag) > 0; };
+  if (given("--stage")) c.zero_stage = f.stage;
+  if (given("--offload-optimizer")) c.offload_optimizer = parse_offload(f.offload_optimizer, "--offload-optimizer");
+  if (given("--offload-params")) c.offload_params = parse_offload(f.offload_params, "--offload-params");
+  if (given("--optimizer")) c.optimizer = parse_optimizer(f.optimizer, "--optimizer");
+  if (given("--precision")) c.precision = parse_precision(f.precision, "--precision");
+  if (given("--micro-batch")) c.micro_batch = f.micro_batch;
+  if (given("--gas")) c.gas = f.gas;
+  if (given("--seq")) c.seq_len = f.seq;
+  if (given("--checkpointing")) {
+    if (f.checkpointing != "on" && f.checkpointing != "off")
+      throw InputError("--checkpointing \"" + f.checkpointing + "\" is not valid (valid: on, off)");
+    c.activation_checkpointing = f.checkpointing == "on";
+  }
+  return c;
+}
+
+int run_rank(const Flags& f, const CLI::App& app) {
+  Rendezvous rv;
+  rv.rank = env_int("RANK", 0);
+  rv.world = env_int("WORLD_SIZE", 1);
+  rv.local_rank = env_int("LOCAL_RANK", 0);
+  const int local_world = env_int("LOCAL_WORLD_SIZE", rv.world);
+  if (const char* a = std::getenv("MASTER_ADDR")) rv.master_addr = a;
+  rv.master_port = env_int("MASTER_PORT", 29500);
+  rv.timeout_s = 120;
+  const bool lead = rv.rank == 0;
+
+  const ModelSpec spec = resolve_model(f.model, data_dir(f));
+  TrainConfig cfg = config_from(f, app);
+  cfg.gpus_per_node = local_world;
+  cfg.nodes = std::max(1, rv.world / std::max(1, local_world));
+  validate_config(cfg);
+  if (f.steps < 1) throw InputError("--steps " + std::to_string(f.steps) + " must be at least 1");
+
+  bool use_cuda = false;
+  if (f.device == "cuda") use_cuda = true;
+  else if (f.device == "auto") use_cuda = torch::cuda::is_available();
+  else if (f.device != "cpu") throw InputError("--device \"" + f.device + "\" is not valid (valid: auto, cpu, cuda)");
+  std::unique_ptr<Runtime> rt = use_cuda ? Runtime::cuda(rv.local_rank) : Runtime::cpu();
+  if (!use_cuda) {
+    // Ranks on one host share its cores.
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    at::set_num_threads(std::max(1, cores / std::max(1, local_world)));
+  }
+
+  std::unique_ptr<Collectives> comm;
+  if (rv.world == 1) {
+    comm = make_single();
+  } else {
+    auto store = make_store(rv);
+    comm = use_cuda ? make_nccl(store, rv, *rt) : make_gloo(store, rv);
+  }
+
+  EngineOptions eo;
+  eo.config = cfg;
+  eo.seed = f.seed;
+  eo.adamw.lr = static_cast<float>(f.lr);
+  eo.adamw.beta1 = static_cast<float>(f.beta1);
+  eo.adamw.beta2 = static_cast<float>(f.beta2);
+  eo.adamw.weight_decay = static_cast<float>(f.weight_decay);
+
+  // The planner's prediction for this configuration on the named hardware.
+  std::optional<Prediction> pred;
+  std::optional<HardwareProfile> hw;
+  if (use_cuda) {
+    hw = resolve_hardware(f.hardware, data_dir(f));
+    pred = evaluate(spec, *hw, cfg);
+  }
+
+  std::unique_ptr<ZeroEngine> engine;
+  try {
+    engine = std::make_unique<ZeroEngine>(spec, eo, *rt, *comm);
+    if (!f.resume.empty()) engine->load(f.resume);
+  } catch (const c10::Error& e) {
+    if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+    std::fprintf(stderr, "train: out of memory on rank %d while placing the model: predicted %.1f GiB per GPU, device has %.1f GiB\n",
+                 rv.rank, pred ? pred->memory.gpu_total / kGiB : 0.0, rt->device_memory_bytes() / kGiB);
+    return 3;
+  }
+  TokenSource tokens(f.data, spec.vocab_size, f.seed);
+
+  nlohmann::json env = {{"device", rt->device_name()},
+                        {"driver", rt->driver_version()},
+                        {"libtorch", TORCH_VERSION},
+                        {"collectives", comm->name()},
+                        {"git_commit", STEPCAST_GIT_COMMIT},
+                        {"world_size", rv.world},
+                        {"data", tokens.description()}};
+  if (lead && !f.quiet) {
+    std::printf("train: %s (%lld parameters), %s, stage %d, offload %s/%s, %s, micro-batch %lld x GAS %lld x %d ranks, seq %lld%s\n",
+                spec.name.c_str(), static_cast<long long>(engine->num_params()), rt->device_name().c_str(), cfg.zero_stage,
+                offload_name(cfg.offload_optimizer), offload_name(cfg.offload_params), precision_name(cfg.precision),
+                static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.gas), rv.world,
+                static_cast<long long>(cfg.seq_len), cfg.activation_checkpointing ? ", checkpointing" : "");
+    std::printf("data: %s; collectives: %s\n", tokens.description().c_str(), comm->name().c_str());
+    std::printf("%5s %9s %9s %9s %9s %10s %6s %9s %9s %9s\n", "step", "loss", "step", "GAS", "OPT", "tokens/s", "MFU",
+                "pred step", "pred tok/s", "peak mem");
+    std::printf("%5s %9s %9s %9s %9s %10s %6s %9s %9s %9s\n", "", "", "s", "s", "s", "", "%", "s", "", "GiB");
+  }
+  std::ofstream jsonl;
+  if (lead && !f.json_out.empty()) {
+    jsonl.open(f.json_out, std::ios::app);
+    if (!jsonl) throw InputError(f.json_out + ": cannot open the --json-out file for appending");
+  }
+
+  const double tokens_per_step = static_cast<double>(cfg.micro_batch * cfg.seq_len * cfg.gas * rv.world);
+  const double flops_per_token = 6.0 * spec.total_params() + 6.0 * spec.num_layers * spec.q_dim() * cfg.seq_len;
+  const int64_t first = engine->step_count();
+  for (int64_t s = 0; s < f.steps; ++s) {
+    const int64_t step = first + s + 1;
+    std::vector<torch::Tensor> micro;
+    for (int64_t mb = 0; mb < cfg.gas; ++mb)
+      micro.push_back(tokens.batch(step, mb, rv.rank, cfg.micro_batch, cfg.seq_len).to(rt->device()));
+    if (rv.rank == f.fault_rank && step == f.fault_step) {
+      std::fprintf(stderr, "train: rank %d: injected fault at step %lld\n", rv.rank, static_cast<long long>(step));
+      std::_Exit(7);
+    }
+    rt->reset_peak();
+    StepResult r;
+    try {
+      r = engine->train_step(micro);
+    } catch (const c10::Error& e) {
+      if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+      std::fprintf(stderr, "train: out of memory on rank %d at step %lld: predicted %.1f GiB per GPU, device has %.1f GiB\n",
+                   rv.rank, static_cast<long long>(step), pred ? pred->memory.gpu_total / kGiB : 0.0,
+                   rt->device_memory_bytes() / kGiB);
+      return 3;
+    }
+    const double tps = tokens_per_step / r.time.step;
+    const double mfu = hw ? tps * flops_per_token / (rv.world * hw->gpu.peak_flops_per_s(cfg.precision)) : 0.0;
+    const double peak = rt->peak_allocated_bytes(), reserved = rt->peak_reserved_bytes();
+    if (lead && !f.quiet) {
+      std::printf("%5lld %9.4f %9.3f %9s %9.3f %10.0f %6s %9s %9s %9.1f\n", static_cast<long long>(r.step), r.loss,
+                  r.time.step, cfg.gas > 1 ? std::to_string(r.time.gas).substr(0, 7).c_str() : "n/a", r.time.opt, tps,
+                  hw ? std::to_string(100 * mfu).substr(0, 4).c_str() : "-",
+                  pred ? std::to_string(pred->time.step).substr(0, 6).c_str() : "-",
+                  pred ? std::to_string(static_cast<long long>(pred->throughput.tokens_per_s)).c_str() : "-",
+                  reserved / kGiB);
+      std::fflush(stdout);
+    }
+    if (jsonl.is_open()) {
+      nlohmann::json j;
+      j["model"] = spec.name;
+      j["params"] = spec.total_params();
+      j["config"] = {{"zero_stage", cfg.zero_stage}, {"offload_optimizer", offload_name(cfg.offload_optimizer)},
+                     {"offload_params", offload_name(cfg.offload_params)}, {"optimizer", optimizer_name(cfg.optimizer)},
+                     {"precision", precision_name(cfg.precision)}, {"micro_batch", cfg.micro_batch}, {"gas", cfg.gas},
+                     {"seq_len", cfg.seq_len}, {"gpus", cfg.gpus_per_node}, {"nodes", cfg.nodes},
+                     {"activation_checkpointing", cfg.activation_checkpointing}};
+      j["step"] = r.step;
+      j["warmup"] = s < f.warmup;
+      j["loss"] = r.loss;
+      j["time_s"] = {{"step", r.time.step}, {"gas", cfg.gas > 1 ? nlohmann::json(r.time.gas) : nlohmann::json(nullptr)},
+                     {"opt", r.time.opt}, {"forward", r.time.forward}, {"backward", r.time.backward},
+                     {"grad_comm", r.time.grad_comm}, {"param_gather", r.time.param_gather},
+                     {"offload_transfer", r.time.offload_transfer}, {"optimizer", r.time.optimizer}};
+      j["throughput"] = {{"tokens_per_s", tps}, {"world_samples_per_s", tps / cfg.seq_len},
+                         {"rank_samples_per_s", tps / cfg.seq_len / rv.world}, {"mfu", mfu}};
+      j["memory_bytes"] = {{"gpu_peak_allocated", peak}, {"gpu_peak_reserved", reserved},
+                           {"host_rss", host_rss_bytes()}, {"host_peak_rss", host_peak_rss_bytes()}};
+      if (pred) {
+        j["predicted"] = {{"hardware", hw->name}, {"calibrated", hw->coefs_calibrated},
+                          {"step_s", pred->time.step}, {"tokens_per_s", pred->throughput.tokens_per_s},
+                          {"gpu_memory_bytes", pred->memory.gpu_total}};
+      }
+      j["env"] = env;
+      jsonl << j.dump() << "\n";
+      jsonl.flush();
+    }
+  }
+  if (!f.save.empty()) engine->save(f.save);
+  if (!f.dump_params.empty()) {
+    torch::Tensor all = engine->full_params_fp32();
+    if (lead) {
+      const std::string tmp = f.dump_params + ".tmp";
+      torch::save(all, tmp);
+      std::filesystem::rename(tmp, f.dump_params);
+    }
+  }
+  comm->barrier();
+  return 0;
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"Stepcast train: runs a training configuration on the backend (ZeRO 0-3, offload, GAS) "
+               "and prints measured against predicted step time."};
+  Flags f;
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--model", f.model, "catalog name, .toml card or config.json")->required();
+  app.add_option("--plan", f.plan, "a planner JSON (explain/recommend --json): runs plans[0]; other flags override");
+  app.add_option("--stage", f.stage, "ZeRO stage 0..3")->capture_default_str();
+  app.add_option("--offload-optimizer", f.offload_optimizer, "none | cpu")->capture_default_str();
+  app.add_option("--offload-params", f.offload_params, "none | cpu (stage 3, with --offload-optimizer cpu)")->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "adamw")->capture_default_str();
+  app.add_option("--precision", f.precision, "bf16 | fp32")->capture_default_str();
+  app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  app.add_option("--gas", f.gas, "gradient accumulation steps")->capture_default_str();
+  app.add_option("--seq", f.seq, "sequence length")->capture_default_str();
+  app.add_option("--checkpointing", f.checkpointing, "on | off")->capture_default_str();
+  app.add_option("--steps", f.steps, "optimizer steps to run")->capture_default_str();
+  app.add_option("--warmup", f.warmup, "first steps flagged as warm-up in the JSONL")->capture_default_str();
+  app.add_option("--nproc", f.nproc, "ranks to start on this host (one per GPU, or CPU processes with Gloo)")->capture_default_str();
+  app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
+  app.add_option("--data", f.data, "a text file (byte-level tokens); random tokens when absent");
+  app.add_option("--save", f.save, "write a checkpoint to this folder at the end");
+  app.add_option("--resume", f.resume, "continue from a checkpoint folder");
+  app.add_option("--json-out", f.json_out, "append one JSON object per step to this file");
+  app.add_option("--dump-params", f.dump_params, "write all parameters (fp32) to this file at the end");
+  app.add_option("--hardware", f.hardware, "hardware profile for the prediction")->capture_default_str();
+  app.add_option("--lr", f.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--seed", f.seed, "initialisation and data seed")->capture_default_str();
+  app.add_option("--data-dir", f.data_dir, "folder with models/ and hardware/");
+  app.add_flag("--quiet", f.quiet, "print nothing per step");
+  app.add_option("--inject-fault-rank", f.fault_rank, "testing: make this rank die abruptly")->group("");
+  app.add_option("--inject-fault-step", f.fault_step, "testing: at this step")->group("");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& h) {
+    return app.exit(h);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "train: error: " << e.what() << " (see train --help)\n";
+    return 2;
+  }
+  if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
+  if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
+    std::vector<std::string> args(argv, argv + argc);
+    return launch_local_ranks(f.nproc, args);
+  }
+  return run_rank(f, app);
+}
+
+}  // namespace
+}  // namespace stepcast::backend
+
+int main(int argc, char** argv) {
+  try {
+    return stepcast::backend::main_impl(argc, argv);
+  } catch (const stepcast::InputError& e) {
+    std::cerr << "train: error: " << e.what() << "\n";
+    return 2;
+  } catch (const stepcast::backend::NonFiniteLoss& e) {
+    std::cerr << "train: stopped: " << e.what() << "\n";
+    return 4;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (what.size() > 600) what = what.substr(0, 600) + "...";
+    std::cerr << "train: error: " << what << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,158 @@
+#include "backend/transformer.h"
+
+#include <cmath>
+
+#include "backend/compat.h"
+#include "model/errors.h"
+
+namespace stepcast::backend {
+
+const torch::Tensor& UnitParams::operator[](const std::string& name) const {
+  for (size_t i = 0; i < layout->params.size(); ++i)
+    if (layout->params[i].name == name) return tensors[i];
+  STEPCAST_ASSERT(false && "unknown parameter");
+}
+
+bool UnitParams::has(const std::string& name) const {
+  for (const auto& p : layout->params)
+    if (p.name == name) return true;
+  return false;
+}
+
+UnitParams make_views(const UnitLayout& unit, const torch::Tensor& flat, bool requires_grad) {
+  UnitParams out;
+  out.layout = &unit;
+  for (const auto& slot : unit.params) {
+    torch::Tensor v = flat.narrow(0, slot.offset, slot.numel).view(slot.shape);
+    if (requires_grad) v = v.detach().requires_grad_(true);
+    out.tensors.push_back(v);
+  }
+  return out;
+}
+
+Transformer::Transformer(const ModelSpec& spec, torch::Device device)
+    : spec_(spec), device_(device), interleaved_rotary_(spec.model_type == "gptj") {}
+
+torch::Tensor Transformer::embed(const UnitParams& p, const torch::Tensor& tokens) const {
+  return torch::embedding(p["wte"], tokens);
+}
+
+torch::Tensor Transformer::norm(const UnitParams& p, const std::string& prefix, const torch::Tensor& x) const {
+  const torch::Tensor& w = p[prefix + ".weight"];
+  if (spec_.norm == NormKind::kLayer) {
+    return torch::layer_norm(x, {spec_.hidden_size}, w, p[prefix + ".bias"], spec_.norm_eps);
+  }
+  // RMSNorm (Zhang & Sennrich 2019), computed in fp32 as the reference implementations do.
+  auto xf = x.to(torch::kFloat);
+  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + spec_.norm_eps);
+  return y.to(x.scalar_type()) * w;
+}
+
+void Transformer::ensure_rotary_cache(int64_t seq) const {
+  if (cached_seq_ == seq) return;
+  const int64_t rd = spec_.rotary_dim;
+  // inv_freq_j = theta^(-2j / rd), angle(pos, j) = pos * inv_freq_j (Su et al. 2021).
+  auto j = torch::arange(0, rd, 2, torch::dtype(torch::kFloat));
+  auto inv_freq = torch::pow(spec_.rope_theta, -j / static_cast<double>(rd));
+  auto pos = torch::arange(seq, torch::dtype(torch::kFloat));
+  auto angles = torch::outer(pos, inv_freq);  // (S, rd/2)
+  cos_ = angles.cos().to(device_);
+  sin_ = angles.sin().to(device_);
+  cached_seq_ = seq;
+}
+
+torch::Tensor Transformer::rotary(const torch::Tensor& x, int64_t seq) const {
+  const int64_t rd = spec_.rotary_dim;
+  if (rd == 0) return x;
+  ensure_rotary_cache(seq);
+  auto cos = cos_.view({1, seq, 1, rd / 2}).to(x.scalar_type());
+  auto sin = sin_.view({1, seq, 1, rd / 2}).to(x.scalar_type());
+  auto rot = x.narrow(-1, 0, rd);
+  torch::Tensor out;
+  if (interleaved_rotary_) {
+    // GPT-J: rotate_every_two on pairs (x0, x1), (x2, x3), ...
+    auto x1 = rot.slice(-1, 0, rd, 2), x2 = rot.slice(-1, 1, rd, 2);
+    out = torch::stack({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).flatten(-2);
+  } else {
+    // Llama / NeoX: rotate_half on the first and second halves.
+    auto x1 = rot.narrow(-1, 0, rd / 2), x2 = rot.narrow(-1, rd / 2, rd / 2);
+    out = torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+  }
+  if (rd == x.size(-1)) return out;
+  return torch::cat({out, x.narrow(-1, rd, x.size(-1) - rd)}, -1);
+}
+
+torch::Tensor Transformer::attention(const UnitParams& p, const torch::Tensor& x) const {
+  const int64_t b = x.size(0), s = x.size(1);
+  const int64_t nh = spec_.num_heads, nkv = spec_.num_kv_heads, d = spec_.head_dim;
+  auto qkv = torch::nn::functional::linear(x, p["qkv.weight"], p.has("qkv.bias") ? p["qkv.bias"] : torch::Tensor());
+  auto q = qkv.narrow(-1, 0, nh * d).view({b, s, nh, d});
+  auto k = qkv.narrow(-1, nh * d, nkv * d).view({b, s, nkv, d});
+  auto v = qkv.narrow(-1, (nh + nkv) * d, nkv * d).view({b, s, nkv, d});
+  q = rotary(q, s).transpose(1, 2);  // (B, nh, S, d)
+  k = rotary(k, s).transpose(1, 2);
+  v = v.transpose(1, 2);
+  if (nkv != nh) {  // grouped-query attention: each KV head serves nh / nkv query heads
+    k = k.repeat_interleave(nh / nkv, 1);
+    v = v.repeat_interleave(nh / nkv, 1);
+  }
+  auto o = compat::causal_attention(q.contiguous(), k.contiguous(), v.contiguous());
+  o = o.transpose(1, 2).reshape({b, s, nh * d});
+  return torch::nn::functional::linear(o, p["o.weight"], p.has("o.bias") ? p["o.bias"] : torch::Tensor());
+}
+
+torch::Tensor Transformer::mlp(const UnitParams& p, const torch::Tensor& x) const {
+  auto up = torch::nn::functional::linear(x, p["up.weight"], p.has("up.bias") ? p["up.bias"] : torch::Tensor());
+  torch::Tensor act;
+  if (spec_.gated_mlp) {
+    auto gu = up.chunk(2, -1);
+    act = torch::silu(gu[0]) * gu[1];  // SwiGLU (Shazeer 2020)
+  } else {
+    act = torch::gelu(up, spec_.model_type == "gptj" ? "tanh" : "none");
+  }
+  return torch::nn::functional::linear(act, p["down.weight"], p.has("down.bias") ? p["down.bias"] : torch::Tensor());
+}
+
+torch::Tensor Transformer::layer(const UnitParams& p, const torch::Tensor& x) const {
+  if (spec_.parallel_residual) {
+    // GPT-J: x + attn(ln1(x)) + mlp(ln1(x)); GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x)).
+    auto h1 = norm(p, "norm1", x);
+    auto h2 = spec_.norms_per_layer == 2 ? norm(p, "norm2", x) : h1;
+    return x + attention(p, h1) + mlp(p, h2);
+  }
+  auto h = x + attention(p, norm(p, "norm1", x));
+  return h + mlp(p, norm(p, "norm2", h));
+}
+
+torch::Tensor Transformer::head_loss(const UnitParams& p, const torch::Tensor& x, const torch::Tensor& targets) const {
+  auto h = spec_.final_norm ? norm(p, "norm", x) : x;
+  auto logits = torch::nn::functional::linear(h, p["lm_head.weight"],
+                                              p.has("lm_head.bias") ? p["lm_head.bias"] : torch::Tensor());
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat).view({-1, spec_.vocab_size}),
+                                              targets.reshape({-1}));
+}
+
+void init_unit(const UnitLayout& unit, torch::Tensor& flat, uint64_t seed, int64_t num_layers) {
+  // Normal(0, 0.02) weights, residual-output projections scaled by
+  // 1/sqrt(2 L) (GPT-2, Radford et al. 2019), norms at one, biases at zero.
+  // On the CPU a private generator; on the GPU the device's default generator
+  // seeded per unit (fast for billions of values; the same on every rank).
+  c10::optional<at::Generator> gen;
+  if (flat.is_cpu()) {
+    gen = at::detail::createCPUGenerator(seed);
+  } else {
+    torch::manual_seed(seed);
+  }
+  flat.zero_();
+  for (const auto& slot : unit.params) {
+    auto view = flat.narrow(0, slot.offset, slot.numel);
+    switch (slot.init) {
+      case Init::kNormal: view.normal_(0.0, 0.02, gen); break;
+      case Init::kScaledNormal: view.normal_(0.0, 0.02 / std::sqrt(2.0 * num_layers), gen); break;
+      case Init::kOnes: view.fill_(1.0); break;
+      case Init::kZeros: break;
+    }
+  }
+}
+
+}  // namespace stepcast::backend
