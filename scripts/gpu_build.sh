@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds Stepcast on the GPU machine (Ubuntu 24.04, CUDA 13, Python torch 2.x
+# carrying LibTorch and NCCL) and runs the gpu-labelled tests.
+#
+# Header-only and small dependencies travel as Debian packages in .deps/
+# (make it here once with `bash scripts/gpu_build.sh --download`), unpacked
+# into /tmp/deps there. Ceres is not available there: the fit runs on the CPU
+# machine, from the JSONL the GPU runs bring back.
+#
+# Usage there: bash scripts/gpu_build.sh [--test]     (sources env into the caller with `source`)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ "${1:-}" == "--download" ]]; then
+  grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
+  mkdir -p .deps
+  (cd .deps && apt-get download libtomlplusplus-dev libtomlplusplus3 libcli11-dev nlohmann-json3-dev doctest-dev libeigen3-dev)
+  exit 0
+fi
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+DEPS=/tmp/deps
+if [[ ! -d $DEPS/usr ]]; then
+  for f in .deps/*.deb; do dpkg -x "$f" $DEPS; done
+fi
+TORCH_CMAKE=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+NCCL_ROOT=$(python3 -c 'import nvidia.nccl,os;print(nvidia.nccl.__path__[0])')
+TORCH_LIB=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
+export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:$NCCL_ROOT/lib:$TORCH_LIB:${LD_LIBRARY_PATH:-}"
+NGPU=$(nvidia-smi -L | wc -l)
+TEST_NPROC=$(( NGPU < 2 ? NGPU : 2 ))
+
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$DEPS/usr;$TORCH_CMAKE" -DNCCL_ROOT="$NCCL_ROOT" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DSTEPCAST_WITH_CERES=OFF \
+  -DSTEPCAST_GPU_TEST_NPROC=$TEST_NPROC >/tmp/cmake.log 2>&1 || { tail -40 /tmp/cmake.log; exit 1; }
+grep -A14 "Stepcast configuration summary" /tmp/cmake.log
+cmake --build build-gpu -j "$(nproc)" 2>&1 | grep -E "error|warning: unused|FAILED" -A3 | head -60 || true
+cmake --build build-gpu -j "$(nproc)" >/dev/null
+
+if [[ "${1:-}" == "--test" ]]; then
+  (cd build-gpu && ctest -L gpu --output-on-failure && ctest -R unit --output-on-failure)
+fi
