@@ -11,7 +11,7 @@ LIST="$1"
 STEPS="${2:-4}"
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source scripts/gpu_env.sh
 NGPU=$(nvidia-smi -L | wc -l)
 while read -r model nproc flags; do
   [[ -z "$model" || "$model" == \#* ]] && continue
