@@ -34,10 +34,15 @@ endif()
 
 set(STEPCAST_HAVE_NCCL OFF)
 if(STEPCAST_WITH_NCCL)
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT}/include $ENV{NCCL_ROOT}/include
-            /usr/local/cuda/include /usr/include)
-  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT}/lib $ENV{NCCL_ROOT}/lib
-               /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
+  if(NCCL_ROOT)
+    # An explicit NCCL (the GPU machine's torch package): only there, so that
+    # the process does not load a second NCCL beside LibTorch's.
+    find_path(NCCL_INCLUDE_DIR nccl.h PATHS ${NCCL_ROOT}/include NO_DEFAULT_PATH)
+    find_library(NCCL_LIBRARY NAMES libnccl.so.2 nccl PATHS ${NCCL_ROOT}/lib NO_DEFAULT_PATH)
+  else()
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS /usr/local/cuda/include /usr/include)
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
+  endif()
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(STEPCAST_HAVE_NCCL ON)
   endif()
