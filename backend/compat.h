@@ -27,6 +27,19 @@ inline torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tenso
 #endif
 }
 
+// RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * w, accumulated
+// in fp32. LibTorch >= 2.4 has at::rms_norm (a fused kernel on the GPU in
+// recent versions); 1.13 composes it from elementwise ops.
+inline torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::rms_norm(x, {x.size(-1)}, w, eps);
+#else
+  auto xf = x.to(torch::kFloat);
+  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return y.to(x.scalar_type()) * w;
+#endif
+}
+
 // Frees / re-allocates the memory behind a tensor's storage while keeping the
 // storage object (and every view and autograd reference to it) alive: how
 // stage 3 drops gathered parameters after forward and refills them before

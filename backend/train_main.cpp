@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "backend/collectives.h"
 #include "backend/data.h"
@@ -114,11 +115,10 @@ int run_rank(const Flags& f, const CLI::App& app) {
   else if (f.device == "auto") use_cuda = torch::cuda::is_available();
   else if (f.device != "cpu") throw InputError("--device \"" + f.device + "\" is not valid (valid: auto, cpu, cuda)");
   std::unique_ptr<Runtime> rt = use_cuda ? Runtime::cuda(rv.local_rank) : Runtime::cpu();
-  if (!use_cuda) {
-    // Ranks on one host share its cores.
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    at::set_num_threads(std::max(1, cores / std::max(1, local_world)));
-  }
+  // Ranks on one host share its cores (the CPU optimizer and host-side
+  // gradient accumulation run on this rank's share).
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  at::set_num_threads(std::max(1, cores / std::max(1, local_world)));
 
   std::unique_ptr<Collectives> comm;
   if (rv.world == 1) {

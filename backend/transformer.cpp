@@ -42,10 +42,7 @@ torch::Tensor Transformer::norm(const UnitParams& p, const std::string& prefix, 
   if (spec_.norm == NormKind::kLayer) {
     return torch::layer_norm(x, {spec_.hidden_size}, w, p[prefix + ".bias"], spec_.norm_eps);
   }
-  // RMSNorm (Zhang & Sennrich 2019), computed in fp32 as the reference implementations do.
-  auto xf = x.to(torch::kFloat);
-  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + spec_.norm_eps);
-  return y.to(x.scalar_type()) * w;
+  return compat::rms_norm(x, w, spec_.norm_eps);
 }
 
 void Transformer::ensure_rotary_cache(int64_t seq) const {

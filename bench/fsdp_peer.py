@@ -100,13 +100,10 @@ def main():
                 prm.fill_(1.0)
             else:
                 prm.normal_(0.0, 0.02)
-    params = sum(p.numel() for p in model.parameters()) * world  # sharded numel x ranks (padding aside)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), fused=True)
     tokens_per_step = a.micro_batch * a.seq * a.gas * world
-    n_params = sum(p.numel() for p in model.parameters())
-    n_params_t = torch.tensor([n_params], device="cuda")
-    dist.all_reduce(n_params_t)
-    flops_per_token = 6 * n_params_t.item() + 6 * a.layers * a.hidden * a.seq
+    n_params = sum(p.numel() for p in model.parameters())  # DTensor numel is the global count
+    flops_per_token = 6 * n_params + 6 * a.layers * a.hidden * a.seq
     times = []
     for step in range(a.steps):
         torch.cuda.synchronize()
@@ -124,7 +121,7 @@ def main():
         mfu = tps * flops_per_token / (world * 989.4e12)
         rec = {"peer": a.label, "step": step + 1, "warmup": step < a.warmup, "step_s": dt, "tokens_per_s": tps,
                "mfu": mfu, "loss": loss.item() * a.gas, "world_size": world, "micro_batch": a.micro_batch,
-               "gas": a.gas, "seq_len": a.seq, "params": n_params_t.item(),
+               "gas": a.gas, "seq_len": a.seq, "params": n_params,
                "gpu_peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                "gpu_peak_reserved_bytes": torch.cuda.max_memory_reserved(), "torch": torch.__version__}
         if step >= a.warmup:
