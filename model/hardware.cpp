@@ -1,6 +1,7 @@
 #include "model/hardware.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -105,7 +106,11 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
     hw.coefs_source = c->get_string_or("source", "");
     for (const auto& [key, node] : c->table()) {
       std::string name(key.str());
-      if (name == "calibrated" || name == "source" || name == "std_errors") continue;
+      if (name == "calibrated" || name == "source" || name == "std_errors" || name == "covariance") continue;
+      if (name == "model_error_frac") {
+        hw.model_error_frac = c->get_double(name, 0.0, 1.0);
+        continue;
+      }
       auto id = coef_by_name(name);
       if (!id) {
         std::string valid;
@@ -124,6 +129,34 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
           throw InputError(origin + ": key 'coefficients.std_errors." + std::string(key.str()) +
                            "' is not a cost-model coefficient");
         hw.coef_std_errors[*id] = se->get_double(std::string(key.str()), 0.0, 1e30);
+      }
+    }
+    if (auto cv = c->subtable_opt("covariance")) {
+      // names = [free coefficients], values = [[row], ...] in that order.
+      const auto names = cv->get_string_array_or("names");
+      const toml::array* rows = cv->table().get_as<toml::array>("values");
+      if (!rows || rows->size() != names.size())
+        throw InputError(origin + ": key 'coefficients.covariance.values' must hold one row per name (" +
+                         std::to_string(names.size()) + ")");
+      std::vector<int> ids;
+      for (const auto& n : names) {
+        auto id = coef_by_name(n);
+        if (!id) throw InputError(origin + ": key 'coefficients.covariance.names' has unknown coefficient \"" + n + "\"");
+        ids.push_back(*id);
+      }
+      hw.coef_covariance.assign(kNumCoefs, std::vector<double>(kNumCoefs, 0.0));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const toml::array* row = (*rows)[i].as_array();
+        if (!row || row->size() != ids.size())
+          throw InputError(origin + ": key 'coefficients.covariance.values' row " + std::to_string(i) +
+                           " must hold " + std::to_string(ids.size()) + " numbers");
+        for (size_t j = 0; j < ids.size(); ++j) {
+          auto v = (*row)[j].value<double>();
+          if (!v || !std::isfinite(*v))
+            throw InputError(origin + ": key 'coefficients.covariance.values' row " + std::to_string(i) +
+                             " has a non-number");
+          hw.coef_covariance[ids[i]][ids[j]] = *v;
+        }
       }
     }
   }

@@ -59,6 +59,8 @@ struct HardwareProfile {
   bool coefs_calibrated = false;
   std::string coefs_source;
   std::vector<double> coef_std_errors;  // from a fit's covariance; empty when not calibrated
+  double model_error_frac = 0;  // RMS relative step-time residual of the fit (added to intervals)
+  std::vector<std::vector<double>> coef_covariance;  // kNumCoefs x kNumCoefs; empty when not calibrated
 };
 
 HardwareProfile parse_hardware_profile(const std::string& toml_text, const std::string& origin);

@@ -1,5 +1,6 @@
 #include "model/prediction.h"
 
+#include <cmath>
 #include <cstdio>
 
 namespace stepcast {
@@ -38,9 +39,41 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
   return p;
 }
 
+namespace {
+// Intervals are for the plans shown, not every evaluation of the search.
+}  // namespace
+
+double step_time_std_s(const StepFeatures& f, const CoefVector& coefs,
+                       const std::vector<std::vector<double>>& cov) {
+  if (cov.size() != static_cast<size_t>(kNumCoefs)) return 0.0;
+  std::array<double, kNumCoefs> grad{};
+  for (int i = 0; i < kNumCoefs; ++i) {
+    if (cov[i][i] <= 0.0) continue;
+    const double h = 1e-6 * std::max(std::abs(coefs[i]), 1e-12);
+    CoefVector up = coefs, down = coefs;
+    up[i] += h;
+    down[i] -= h;
+    grad[i] = (predict_step_time(f, up.data()).step - predict_step_time(f, down.data()).step) / (2 * h);
+  }
+  double var = 0;
+  for (int i = 0; i < kNumCoefs; ++i)
+    for (int j = 0; j < kNumCoefs; ++j) var += grad[i] * cov[i][j] * grad[j];
+  return std::sqrt(std::max(0.0, var));
+}
+
+double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, double step_s) {
+  if (hw.coef_covariance.empty()) return 0.0;
+  const double sp = step_time_std_s(f, hw.coefs, hw.coef_covariance);
+  const double sm = hw.model_error_frac * step_s;
+  return std::sqrt(sp * sp + sm * sm);
+}
+
 Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,
                     const ResourceLimits& limits) {
-  return evaluate_features(make_features(spec, hw, config, limits), config, hw, hw.coefs, limits);
+  Features f = make_features(spec, hw, config, limits);
+  Prediction p = evaluate_features(f, config, hw, hw.coefs, limits);
+  p.step_std_s = step_interval_std_s(f.step, hw, p.time.step);
+  return p;
 }
 
 }  // namespace stepcast

@@ -24,6 +24,7 @@ struct Prediction {
   Throughput throughput;
   double gpu_memory_limit_bytes = 0;
   double host_memory_limit_bytes = 0;  // per node
+  double step_std_s = 0;  // from the profile's coefficient covariance; 0 when not calibrated
   bool fits = false;
   std::string reason;  // why it does not fit; empty when it fits
 };
@@ -31,6 +32,14 @@ struct Prediction {
 // Evaluates `config`. Limits of 0 take the profile's figures.
 Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,
                     const ResourceLimits& limits = {});
+
+// Standard deviation of the predicted step time from a coefficient
+// covariance (first-order propagation; gradient by central differences).
+double step_time_std_s(const StepFeatures& f, const CoefVector& coefs,
+                       const std::vector<std::vector<double>>& covariance);
+
+// Parameter uncertainty and the fit's model error, combined: sqrt(sp^2 + (e step)^2).
+double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, double step_s);
 
 // Same with precomputed features (the planner's hot loop) and a coefficient vector.
 Prediction evaluate_features(const Features& features, const TrainConfig& config,

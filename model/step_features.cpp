@@ -186,6 +186,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     if (stage == 1) f.d2h_bytes_boundary = shard_params * wb;
     else f.d2h_bytes_micro = shard_params * wb;
     f.h2d_bytes_step = offload_par ? 0.0 : shard_params * wb;  // with param offload, the update lands on the host copy
+    // The host sums each arriving shard into an fp32 accumulator: read the
+    // 16-bit shard and the accumulator, write the accumulator (wb + 4 + 4 B).
+    const double accum = shard_params * (wb + 8.0);
+    if (stage == 1) f.host_accum_bytes_boundary = accum;
+    else f.host_accum_bytes_micro = accum;
   }
   if (offload_par) f.param_h2d_bytes_micro = 2.0 * (params / n) * wb;
   f.h2d_bytes_per_s = hw.host.h2d_bytes_per_s;

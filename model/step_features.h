@@ -52,6 +52,8 @@ struct StepFeatures {
   double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
+  // Host-side fp32 accumulation of offloaded gradient shards (CPU memory traffic, all ranks of a node).
+  double host_accum_bytes_micro = 0, host_accum_bytes_boundary = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;
   double opt_params_rank = 0;       // parameters this rank updates

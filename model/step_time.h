@@ -122,18 +122,23 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T d2h_exposed_micro = max0(d2h_micro_s - copy_window);
   const T d2h_exposed_boundary = max0(d2h_micro_s + d2h_boundary_s - copy_window);
 
-  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + d2h_exposed_micro;
-  const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
+  // All ranks of a host run their CPU work at once and share its cores and
+  // DRAM: stream rate = min(DRAM, cores x per-core rate).
+  const T stream_bps = detail::min2(T(f.dram_bytes_per_s) * coef[kCpuDramEffFrac],
+                                    f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuCoreBytesPerSPerLane]);
+  // Host accumulation of the offloaded gradients runs after each micro-batch's copies (not overlapped).
+  const T accum_micro_s = f.host_accum_bytes_micro * f.ranks_per_node / stream_bps;
+  const T accum_boundary_s = f.host_accum_bytes_boundary * f.ranks_per_node / stream_bps;
+
+  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + d2h_exposed_micro + accum_micro_s;
+  const T boundary_micro_s =
+      compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary + accum_micro_s + accum_boundary_s;
 
   // --- optimizer step --------------------------------------------------------
   T optimizer_s(0.0);
   if (f.opt_on_cpu > 0.0) {
-    // All ranks of a host run their CPU optimizers at once and share its cores
-    // and DRAM: stream rate = min(DRAM, cores x per-core rate), arithmetic from
-    // cores x SIMD lanes.
+    // The CPU optimizer streams at the shared rate; its arithmetic runs on cores x SIMD lanes.
     const double host_params = f.opt_params_rank * f.ranks_per_node;
-    const T stream_bps = detail::min2(T(f.dram_bytes_per_s) * coef[kCpuDramEffFrac],
-                                      f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuCoreBytesPerSPerLane]);
     const T memory_s = host_params * f.opt_bytes_per_param / stream_bps;
     const T arith_s = host_params * f.opt_flops_per_param /
                       (f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuLaneFlopsPerS]);
@@ -155,8 +160,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.grad_comm_total = g * rs_micro_s + rs_boundary_s + post_gather_s;
   out.param_gather = g * gather_exposed;
   out.param_gather_total = g * (gather_s + param_up_s);
-  out.offload_transfer = (g - 1.0) * d2h_exposed_micro + d2h_exposed_boundary + upload_s;
-  out.offload_transfer_total = g * d2h_micro_s + d2h_boundary_s + upload_s;
+  out.offload_transfer = (g - 1.0) * d2h_exposed_micro + d2h_exposed_boundary + upload_s + g * accum_micro_s +
+                         accum_boundary_s;
+  out.offload_transfer_total = g * d2h_micro_s + d2h_boundary_s + upload_s + g * accum_micro_s + accum_boundary_s;
   out.optimizer = optimizer_s;
   out.gas = (g - 1.0) * micro_s;
   out.opt = boundary_micro_s + optimizer_s + upload_s + post_gather_s;

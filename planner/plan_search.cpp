@@ -140,6 +140,8 @@ SearchResult search_plans(const SearchRequest& req) {
                 c.gas = gas;
                 Features f = make_features(req.model, req.hardware, c, req.limits);
                 all.push_back(evaluate_features(f, c, req.hardware, req.hardware.coefs, req.limits));
+                if (!req.hardware.coef_covariance.empty())
+                  all.back().step_std_s = step_interval_std_s(f.step, req.hardware, all.back().time.step);
               }
             }
           }

@@ -101,6 +101,8 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   // The founding report's split is undefined with GAS = 1: null, not 0.
   nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas) : nlohmann::json(nullptr);
   j["time_s"] = {{"step", t.step},
+                 {"step_std", p.step_std_s},
+                 {"step_interval_95", {t.step - 1.96 * p.step_std_s, t.step + 1.96 * p.step_std_s}},
                  {"gas", gas_time},
                  {"opt", t.opt},
                  {"forward", t.forward},
@@ -140,10 +142,10 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
 
 std::string plans_table(const std::vector<Prediction>& plans, const ReportContext& ctx) {
   std::vector<std::string> header = {"#",        "stage",     "offload", "optim",      "ckpt",
-                                     "micro",    "GAS",       "GAS time", "OPT time",  "step",
+                                     "micro",    "GAS",       "GAS time", "OPT time",  "step", "±95%",
                                      "world",    "rank",      "tokens/s", "MFU",       "GPU mem",
                                      "host mem"};
-  std::vector<std::string> units = {"",  "",    "opt/par", "",     "",      "seq", "", "s", "s", "s",
+  std::vector<std::string> units = {"",  "",    "opt/par", "",     "",      "seq", "", "s", "s", "s", "s",
                                     "samples/s", "samples/s", "",   "%",   "GiB", "GiB/node"};
   if (ctx.train_tokens > 0) {
     header.push_back("train time");
@@ -166,6 +168,7 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
         c.gas > 1 ? fmt("%.3f", p.time.gas) : "n/a*",
         fmt("%.3f", p.time.opt),
         fmt("%.3f", p.time.step),
+        p.step_std_s > 0 ? fmt("%.3f", 1.96 * p.step_std_s) : "?",
         fmt("%.2f", p.throughput.world_samples_per_s),
         fmt("%.2f", p.throughput.rank_samples_per_s),
         fmt("%.0f", p.throughput.tokens_per_s),
@@ -185,6 +188,9 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
   bool any_gas1 = false;
   for (const auto& p : plans) any_gas1 |= p.config.gas == 1;
   if (any_gas1) out += "* GAS = 1: the GAS/OPT split is undefined; the whole step is OPT time.\n";
+  bool any_unknown = false;
+  for (const auto& p : plans) any_unknown |= p.step_std_s <= 0;
+  if (any_unknown) out += "±95%: ? = no coefficient covariance (profile not calibrated)\n";
   return out;
 }
 
@@ -196,9 +202,13 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
       << " x " << ctx.hardware->name << " (" << ctx.hardware->gpu.name << ", "
       << format_gib(any.gpu_memory_limit_bytes) << " GiB), seq " << c.seq_len << ", "
       << precision_name(c.precision) << "\n";
-  if (!ctx.hardware->coefs_calibrated)
+  if (!ctx.hardware->coefs_calibrated) {
     out << "note: profile '" << ctx.hardware->name
         << "' is not calibrated: efficiencies are first estimates (run `calibrate` on this hardware)\n";
+  } else {
+    std::string src = ctx.hardware->coefs_source.substr(0, ctx.hardware->coefs_source.find(';'));
+    out << "profile '" << ctx.hardware->name << "' calibrated (" << src << "); ±95% = parameter and model error\n";
+  }
   return out.str();
 }
 

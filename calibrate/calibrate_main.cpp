@@ -1,0 +1,332 @@
+// calibrate: fits the cost model to measured runs and reports its accuracy.
+//
+//   calibrate fit    --runs data/runs/h200-sxm/*.jsonl --hardware h200-sxm [--out FILE] [--holdout-frac 0.25]
+//   calibrate report --runs ... --hardware h200-sxm [--json] [--svg FILE]
+//   calibrate measure --list bench/runlists/calibration.txt --out DIR   (on a GPU host)
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "calibrate/fit.h"
+#include "calibrate/run_record.h"
+#include "model/errors.h"
+#include "model/prediction.h"
+#include "planner/atomic_file.h"
+
+#ifndef STEPCAST_GIT_COMMIT
+#define STEPCAST_GIT_COMMIT "unknown"
+#endif
+
+namespace stepcast::calibrate {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::filesystem::path data_dir(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("STEPCAST_DATA_DIR")) return env;
+  return STEPCAST_DATA_DIR;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw InputError(p.string() + ": cannot open file");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string fnv1a_hex(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+Observation observe(const RunRecord& r, const HardwareProfile& hw) {
+  Observation o;
+  o.key = r.key;
+  o.features = make_features(r.model, hw, r.config);
+  o.step_s = r.step_s;
+  o.forward_s = r.forward_s;
+  o.backward_s = r.backward_s;
+  o.optimizer_s = r.optimizer_s;
+  o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
+  return o;
+}
+
+struct Row {
+  const RunRecord* run;
+  bool holdout;
+  double pred_step, pred_std, pred_mem, pred_fwd, pred_bwd, pred_opt;
+  double step_err() const { return pred_step / run->step_s - 1; }
+  double mem_err() const { return run->gpu_peak_reserved_bytes > 0 ? pred_mem / run->gpu_peak_reserved_bytes - 1 : 0; }
+};
+
+std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const HardwareProfile& hw, double holdout_frac,
+                              uint64_t seed) {
+  std::vector<Row> rows;
+  for (const auto& r : runs) {
+    Prediction p = evaluate(r.model, hw, r.config);
+    rows.push_back({&r, is_holdout(r.key, holdout_frac, seed), p.time.step, p.step_std_s, p.memory.gpu_total,
+                    p.time.forward, p.time.backward + p.time.recompute, p.time.optimizer});
+  }
+  return rows;
+}
+
+nlohmann::json summarize(const std::vector<Row>& rows, bool holdout) {
+  double sum = 0, mx = 0, msum = 0, mmx = 0, inside = 0;
+  int n = 0, nm = 0;
+  for (const auto& r : rows) {
+    if (r.holdout != holdout) continue;
+    ++n;
+    sum += std::abs(r.step_err());
+    mx = std::max(mx, std::abs(r.step_err()));
+    if (r.pred_std > 0 && std::abs(r.pred_step - r.run->step_s) <= 1.96 * r.pred_std) ++inside;
+    if (r.run->gpu_peak_reserved_bytes > 0) {
+      ++nm;
+      msum += std::abs(r.mem_err());
+      mmx = std::max(mmx, std::abs(r.mem_err()));
+    }
+  }
+  return {{"runs", n},
+          {"step_time_mean_abs_pct_error", n ? 100 * sum / n : 0.0},
+          {"step_time_max_abs_pct_error", 100 * mx},
+          {"peak_memory_mean_abs_pct_error", nm ? 100 * msum / nm : 0.0},
+          {"peak_memory_max_abs_pct_error", 100 * mmx},
+          {"inside_95_interval_frac", n ? inside / n : 0.0}};
+}
+
+// Predicted against measured step time, log-log, fit and held-out runs marked.
+std::string svg_plot(const std::vector<Row>& rows, const std::string& title) {
+  double lo = 1e300, hi = 0;
+  for (const auto& r : rows) {
+    lo = std::min({lo, r.run->step_s, r.pred_step});
+    hi = std::max({hi, r.run->step_s, r.pred_step});
+  }
+  lo = std::log10(lo) - 0.1;
+  hi = std::log10(hi) + 0.1;
+  const double W = 520, H = 520, M = 60;
+  auto px = [&](double v) { return M + (std::log10(v) - lo) / (hi - lo) * (W - 2 * M); };
+  auto py = [&](double v) { return H - M - (std::log10(v) - lo) / (hi - lo) * (H - 2 * M); };
+  std::ostringstream s;
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
+  s << "<rect width='100%' height='100%' fill='white'/>\n";
+  s << "<text x='" << W / 2 << "' y='20' text-anchor='middle'>" << title << "</text>\n";
+  s << "<line x1='" << px(std::pow(10, lo)) << "' y1='" << py(std::pow(10, lo)) << "' x2='" << px(std::pow(10, hi))
+    << "' y2='" << py(std::pow(10, hi)) << "' stroke='#888' stroke-dasharray='4'/>\n";
+  for (int e = static_cast<int>(std::ceil(lo)); e <= static_cast<int>(std::floor(hi)); ++e) {
+    const double v = std::pow(10, e);
+    s << "<text x='" << px(v) << "' y='" << H - M + 18 << "' text-anchor='middle'>" << v << " s</text>\n";
+    s << "<text x='" << M - 6 << "' y='" << py(v) + 4 << "' text-anchor='end'>" << v << " s</text>\n";
+  }
+  s << "<text x='" << W / 2 << "' y='" << H - 12 << "' text-anchor='middle'>measured step time</text>\n";
+  s << "<text x='14' y='" << H / 2 << "' transform='rotate(-90 14 " << H / 2 << ")' text-anchor='middle'>predicted step time</text>\n";
+  for (const auto& r : rows) {
+    s << "<circle cx='" << px(r.run->step_s) << "' cy='" << py(r.pred_step) << "' r='5' fill='"
+      << (r.holdout ? "#d62728" : "#1f77b4") << "'><title>" << r.run->key << "</title></circle>\n";
+  }
+  s << "<circle cx='" << M + 10 << "' cy='40' r='5' fill='#1f77b4'/><text x='" << M + 20 << "' y='44'>fit</text>\n";
+  s << "<circle cx='" << M + 60 << "' cy='40' r='5' fill='#d62728'/><text x='" << M + 70 << "' y='44'>held out</text>\n";
+  s << "</svg>\n";
+  return s.str();
+}
+
+std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
+  std::vector<fs::path> out(v.begin(), v.end());
+  if (out.empty()) throw InputError("--runs names no file");
+  return out;
+}
+
+int run_fit(const std::vector<std::string>& run_files, const std::string& hw_name, const std::string& out_path,
+            double holdout_frac, uint64_t seed, const std::string& dir, bool json) {
+  if (!(holdout_frac >= 0 && holdout_frac < 1))
+    throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
+  const auto files = to_paths(run_files);
+  HardwareProfile hw = resolve_hardware(hw_name, data_dir(dir));
+  const auto runs = load_runs(files, data_dir(dir));
+  std::vector<Observation> obs;
+  size_t held = 0;
+  for (const auto& r : runs) {
+    if (is_holdout(r.key, holdout_frac, seed)) {
+      ++held;
+      continue;
+    }
+    obs.push_back(observe(r, hw));
+  }
+  if (obs.empty()) throw InputError("no runs left to fit after the hold-out split");
+  std::fprintf(stderr, "calibrate: fitting %zu runs (%zu held out) from %zu files ...\n", obs.size(), held, files.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  FitOptions fo;
+  fo.free = default_free_coefs();
+  // Start from the defaults, not from a previous fit: the result depends on the data alone.
+  FitResult fit = fit_coefficients(obs, default_coefs(), fo);
+  const double fit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Data hash: every runs file's bytes, in the order given.
+  std::string all;
+  for (const auto& f : files) all += read_text(f);
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+
+  std::ostringstream sec;
+  sec.precision(9);
+  sec << "[coefficients]\ncalibrated = true\n";
+  sec << "model_error_frac = " << fit.model_error_frac << "\n";
+  sec << "source = \"calibrate fit " << date << ", git " << STEPCAST_GIT_COMMIT << ", runs fnv1a64:" << fnv1a_hex(all)
+      << " (" << obs.size() << " fitted, " << held << " held out, seed " << seed << "); " << fit.summary << "\"\n";
+  for (const auto& info : coef_table()) sec << info.name << " = " << fit.coefs[info.id] << "\n";
+  sec << "\n[coefficients.std_errors]\n";
+  for (const auto& info : coef_table())
+    if (fit.std_errors[info.id] > 0) sec << info.name << " = " << fit.std_errors[info.id] << "\n";
+  if (fit.covariance_ok) {
+    sec << "\n[coefficients.covariance]\nnames = [";
+    bool first = true;
+    for (Coef c : fo.free) {
+      sec << (first ? "" : ", ") << '"' << coef_table()[c].name << '"';
+      first = false;
+    }
+    sec << "]\nvalues = [\n";
+    for (Coef a : fo.free) {
+      sec << "  [";
+      for (size_t j = 0; j < fo.free.size(); ++j) sec << (j ? ", " : "") << fit.covariance[a][fo.free[j]];
+      sec << "],\n";
+    }
+    sec << "]\n";
+  }
+  // The calibrated profile: the original with its [coefficients] section replaced.
+  std::string text = read_text(hw.path);
+  const size_t at = text.find("\n[coefficients]");
+  if (at != std::string::npos) text = text.substr(0, at + 1);
+  text += sec.str();
+  const std::string target = out_path.empty() ? hw.path : out_path;
+  parse_hardware_profile(text, target);  // what we write must read back
+  write_file_atomic(target, text);
+
+  // Accuracy of the new profile, fit and held-out runs apart.
+  HardwareProfile fitted = parse_hardware_profile(text, target);
+  const auto rows = predict_rows(runs, fitted, holdout_frac, seed);
+  nlohmann::json report = {{"profile", target},
+                           {"fit_wall_s", fit_s},
+                           {"converged", fit.converged},
+                           {"initial_cost", fit.initial_cost},
+                           {"final_cost", fit.final_cost},
+                           {"summary", fit.summary},
+                           {"fit", summarize(rows, false)},
+                           {"holdout", summarize(rows, true)}};
+  nlohmann::json coefs = nlohmann::json::object();
+  for (Coef c : fo.free) coefs[std::string(coef_table()[c].name)] = {{"value", fit.coefs[c]}, {"std_error", fit.std_errors[c]}, {"default", coef_table()[c].default_value}};
+  report["coefficients"] = coefs;
+  if (json) {
+    std::cout << report.dump(2) << "\n";
+  } else {
+    std::printf("calibrated profile written to %s (%.2f s, %s)\n", target.c_str(), fit_s, fit.summary.c_str());
+    std::printf("%-28s %12s %12s %12s\n", "coefficient", "default", "fitted", "std error");
+    for (Coef c : fo.free)
+      std::printf("%-28s %12.4g %12.4g %12.3g\n", std::string(coef_table()[c].name).c_str(), coef_table()[c].default_value,
+                  fit.coefs[c], fit.std_errors[c]);
+    std::printf("fit runs: %s\nheld out: %s\n", report["fit"].dump().c_str(), report["holdout"].dump().c_str());
+  }
+  return 0;
+}
+
+int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
+               uint64_t seed, const std::string& dir, bool json, const std::string& svg) {
+  const auto files = to_paths(run_files);
+  HardwareProfile hw = resolve_hardware(hw_name, data_dir(dir));
+  const auto runs = load_runs(files, data_dir(dir));
+  const auto rows = predict_rows(runs, hw, holdout_frac, seed);
+  if (!svg.empty())
+    write_file_atomic(svg, svg_plot(rows, hw.name + (hw.coefs_calibrated ? " (calibrated)" : " (not calibrated)") +
+                                              ": predicted vs measured step time"));
+  nlohmann::json j = {{"hardware", hw.name},
+                      {"calibrated", hw.coefs_calibrated},
+                      {"fit", summarize(rows, false)},
+                      {"holdout", summarize(rows, true)},
+                      {"runs", nlohmann::json::array()}};
+  for (const auto& r : rows) {
+    j["runs"].push_back({{"key", r.run->key},
+                         {"holdout", r.holdout},
+                         {"steps", r.run->steps},
+                         {"measured", {{"step_s", r.run->step_s}, {"forward_s", r.run->forward_s},
+                                       {"backward_s", r.run->backward_s}, {"optimizer_s", r.run->optimizer_s},
+                                       {"gpu_peak_reserved_bytes", r.run->gpu_peak_reserved_bytes}}},
+                         {"predicted", {{"step_s", r.pred_step}, {"step_std_s", r.pred_std}, {"forward_s", r.pred_fwd},
+                                        {"backward_s", r.pred_bwd}, {"optimizer_s", r.pred_opt},
+                                        {"gpu_memory_bytes", r.pred_mem}}},
+                         {"step_error_pct", 100 * r.step_err()},
+                         {"memory_error_pct", 100 * r.mem_err()}});
+  }
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s (%s): predicted vs measured, %zu runs\n", hw.name.c_str(),
+              hw.coefs_calibrated ? "calibrated" : "not calibrated", rows.size());
+  std::printf("%-62s %4s %8s %8s %6s %8s %8s %8s %6s\n", "run", "set", "meas", "pred", "±95%", "err", "mem", "pred", "err");
+  std::printf("%-62s %4s %8s %8s %6s %8s %8s %8s %6s\n", "", "", "s", "s", "s", "%", "GiB", "GiB", "%");
+  for (const auto& r : rows)
+    std::printf("%-62s %4s %8.3f %8.3f %6.3f %+8.1f %8.1f %8.1f %+6.1f\n", r.run->key.c_str(), r.holdout ? "held" : "fit",
+                r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / 1073741824.0,
+                r.pred_mem / 1073741824.0, 100 * r.mem_err());
+  std::printf("fit:      %s\nheld out: %s\n", j["fit"].dump().c_str(), j["holdout"].dump().c_str());
+  return 0;
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"Stepcast calibrate: fits the cost model's coefficients to measured runs (Ceres) and reports accuracy."};
+  app.require_subcommand(1);
+  std::vector<std::string> runs;
+  std::string hardware = "h200-sxm", out, dir, svg;
+  double holdout = 0.25;
+  uint64_t seed = 1;
+  bool json = false;
+  for (CLI::App* sub : {app.add_subcommand("fit", "fit the coefficients and write a calibrated profile"),
+                        app.add_subcommand("report", "predicted vs measured for every run")}) {
+    sub->add_option("--runs", runs, "JSONL files written by train --json-out")->required();
+    sub->add_option("--hardware", hardware, "hardware profile name or .toml")->capture_default_str();
+    sub->add_option("--holdout-frac", holdout, "share of configurations the fit never sees")->capture_default_str();
+    sub->add_option("--seed", seed, "hold-out split seed")->capture_default_str();
+    sub->add_option("--data-dir", dir, "folder with models/ and hardware/");
+    sub->add_flag("--json", json, "print JSON");
+  }
+  app.get_subcommand("fit")->add_option("--out", out, "calibrated profile to write (default: the profile itself)");
+  app.get_subcommand("report")->add_option("--svg", svg, "write a predicted-vs-measured plot");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& h) {
+    return app.exit(h);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "calibrate: error: " << e.what() << " (see calibrate --help)\n";
+    return 2;
+  }
+  if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json);
+  return run_report(runs, hardware, holdout, seed, dir, json, svg);
+}
+
+}  // namespace
+}  // namespace stepcast::calibrate
+
+int main(int argc, char** argv) {
+  try {
+    return stepcast::calibrate::main_impl(argc, argv);
+  } catch (const stepcast::InputError& e) {
+    std::cerr << "calibrate: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "calibrate: error: " << e.what() << "\n";
+    return 1;
+  }
+}

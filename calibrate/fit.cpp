@@ -1,0 +1,174 @@
+#include "calibrate/fit.h"
+
+#include <ceres/ceres.h>
+
+#include <cmath>
+
+#include "model/memory_model.h"
+#include "model/step_time.h"
+
+namespace stepcast::calibrate {
+
+namespace {
+
+// The solver works on u = c / scale (scale = the default value, or the
+// bounds' span where the default is 0), so that a latency of 1e-5 s and a
+// workspace of 1e9 B are both of order one: better conditioned steps and a
+// covariance that a rank-revealing decomposition does not truncate.
+using Scales = std::array<double, kNumCoefs>;
+
+Scales coef_scales() {
+  Scales s{};
+  for (const auto& info : coef_table())
+    s[info.id] = info.default_value != 0.0 ? std::abs(info.default_value) : (info.upper - info.lower);
+  return s;
+}
+
+// One run: up to five residuals (step, forward, backward, optimizer, memory).
+struct RunResidual {
+  static constexpr int kResiduals = 5;
+  RunResidual(const Observation& o, const FitOptions& opt, const Scales& sc) : obs_(o), opt_(opt), scales_(sc) {}
+
+  template <class T>
+  bool operator()(const T* u, T* r) const {
+    T coefs[kNumCoefs];
+    for (int i = 0; i < kNumCoefs; ++i) coefs[i] = u[i] * scales_[static_cast<size_t>(i)];
+    const StepTime<T> t = predict_step_time(obs_.features.step, coefs);
+    const MemoryEstimate<T> m = predict_memory(obs_.features.memory, coefs);
+    r[0] = log_ratio(t.step, obs_.step_s, opt_.sigma_step);
+    r[1] = log_ratio(t.forward, obs_.forward_s, opt_.sigma_phase);
+    r[2] = log_ratio(t.backward + t.recompute, obs_.backward_s, opt_.sigma_phase);
+    r[3] = log_ratio(t.optimizer, obs_.optimizer_s, opt_.sigma_phase);
+    r[4] = log_ratio(m.gpu_total, obs_.gpu_memory_bytes, opt_.sigma_memory);
+    return true;
+  }
+
+  template <class T>
+  static T log_ratio(const T& pred, double meas, double sigma) {
+    if (meas <= 0.0) return T(0.0);
+    using std::log;
+    return log(pred / meas) / sigma;
+  }
+
+  static ceres::CostFunction* Create(const Observation& o, const FitOptions& opt, const Scales& sc) {
+    return new ceres::AutoDiffCostFunction<RunResidual, kResiduals, kNumCoefs>(new RunResidual(o, opt, sc));
+  }
+
+  Observation obs_;
+  FitOptions opt_;
+  Scales scales_;
+};
+
+// A weak prior: (c - c0) / (sigma * |c0|) for each free coefficient.
+struct PriorResidual {
+  PriorResidual(int index, double c0, double sigma) : index_(index), c0_(c0), sigma_(sigma) {}
+  template <class T>
+  bool operator()(const T* coefs, T* r) const {
+    r[0] = (coefs[index_] - c0_) / (sigma_ * std::max(std::abs(c0_), 1e-12));
+    return true;
+  }
+  static ceres::CostFunction* Create(int index, double c0, double sigma) {
+    return new ceres::AutoDiffCostFunction<PriorResidual, 1, kNumCoefs>(new PriorResidual(index, c0, sigma));
+  }
+  int index_;
+  double c0_, sigma_;
+};
+
+}  // namespace
+
+std::vector<Coef> default_free_coefs() {
+  return {kGemmEffMaxFrac, kGemmHalfDim,         kBackwardSlowdownMult, kElementwiseTrafficMult,
+          kLayerOverheadS, kGpuOptBwEffFrac,     kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,
+          kActBytesMult,   kGpuWorkspaceBytes,   kIntraBusEffFrac,      kCollLatencyS};
+}
+
+FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector& start, const FitOptions& opt) {
+  FitResult result;
+  const Scales scales = coef_scales();
+  CoefVector u{};
+  for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
+  double* x = u.data();
+  ceres::Problem problem;
+  for (const auto& o : obs)
+    problem.AddResidualBlock(RunResidual::Create(o, opt, scales), new ceres::CauchyLoss(opt.cauchy_scale), x);
+  std::vector<bool> is_free(kNumCoefs, false);
+  for (Coef c : opt.free) is_free[c] = true;
+  // The prior is centred on the coefficient's default (its physical estimate), whatever the start.
+  for (Coef c : opt.free)
+    problem.AddResidualBlock(PriorResidual::Create(c, coef_table()[c].default_value / scales[c], opt.sigma_prior), nullptr, x);
+  std::vector<int> fixed;
+  for (int i = 0; i < kNumCoefs; ++i)
+    if (!is_free[i]) fixed.push_back(i);
+  if (!fixed.empty()) problem.SetManifold(x, new ceres::SubsetManifold(kNumCoefs, fixed));
+  for (int i = 0; i < kNumCoefs; ++i) {
+    if (!is_free[i]) continue;
+    const CoefInfo& info = coef_table()[i];
+    // Keep strictly inside the bounds so that logs and divisions stay finite.
+    const double lo = (info.lower + 1e-9 * (info.upper - info.lower)) / scales[i], hi = info.upper / scales[i];
+    problem.SetParameterLowerBound(x, i, lo);
+    problem.SetParameterUpperBound(x, i, hi);
+    x[i] = std::clamp(x[i], lo, hi);
+  }
+
+  ceres::Solver::Options so;
+  so.linear_solver_type = ceres::DENSE_QR;
+  so.max_num_iterations = opt.max_iterations;
+  so.function_tolerance = 1e-12;
+  so.parameter_tolerance = 1e-12;
+  so.gradient_tolerance = 1e-14;
+  ceres::Solver::Summary summary;
+  ceres::Solve(so, &problem, &summary);
+  result.summary = summary.BriefReport();
+  result.initial_cost = summary.initial_cost;
+  result.final_cost = summary.final_cost;
+  result.iterations = static_cast<int>(summary.iterations.size());
+  result.converged = summary.termination_type == ceres::CONVERGENCE;
+  for (int i = 0; i < kNumCoefs; ++i) result.coefs[i] = u[i] * scales[i];
+
+  // Model error: RMS of the step-time log ratios on the fitted runs; added to
+  // the parameter uncertainty in prediction intervals.
+  double ss = 0;
+  int n = 0;
+  for (const auto& o : obs) {
+    if (o.step_s <= 0) continue;
+    const double pred = predict_step_time(o.features.step, result.coefs.data()).step;
+    ss += std::pow(std::log(pred / o.step_s), 2);
+    ++n;
+  }
+  result.model_error_frac = n ? std::sqrt(ss / n) : 0.0;
+
+  // Covariance of the free coefficients (in the tangent space of the subset manifold).
+  result.std_errors.assign(kNumCoefs, 0.0);
+  result.covariance.assign(kNumCoefs, std::vector<double>(kNumCoefs, 0.0));
+  ceres::Covariance::Options co;
+  co.algorithm_type = ceres::DENSE_SVD;
+  co.null_space_rank = -1;
+  ceres::Covariance cov(co);
+  std::vector<std::pair<const double*, const double*>> blocks = {{x, x}};
+  if (cov.Compute(blocks, &problem)) {
+    std::vector<double> full(kNumCoefs * kNumCoefs);
+    if (cov.GetCovarianceBlock(x, x, full.data())) {
+      result.covariance_ok = true;
+      for (int i = 0; i < kNumCoefs; ++i) {
+        for (int j = 0; j < kNumCoefs; ++j)
+          result.covariance[i][j] = full[static_cast<size_t>(i * kNumCoefs + j)] * scales[i] * scales[j];
+        result.std_errors[i] = std::sqrt(std::max(0.0, result.covariance[i][i]));
+      }
+    }
+  }
+  return result;
+}
+
+double step_time_std_s(const Features& f, const CoefVector& coefs, const std::vector<std::vector<double>>& cov) {
+  if (cov.size() != static_cast<size_t>(kNumCoefs)) return 0.0;
+  using Jet = ceres::Jet<double, kNumCoefs>;
+  std::array<Jet, kNumCoefs> jets;
+  for (int i = 0; i < kNumCoefs; ++i) jets[i] = Jet(coefs[i], i);
+  const Jet step = predict_step_time(f.step, jets.data()).step;
+  double var = 0;
+  for (int i = 0; i < kNumCoefs; ++i)
+    for (int j = 0; j < kNumCoefs; ++j) var += step.v[i] * cov[i][j] * step.v[j];
+  return std::sqrt(std::max(0.0, var));
+}
+
+}  // namespace stepcast::calibrate

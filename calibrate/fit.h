@@ -1,0 +1,56 @@
+// The Ceres fit of the cost model's coefficients to measured runs: the same
+// templated step-time and memory formulas the planner evaluates, here on
+// ceres::Jet. Residuals are log ratios (a 5 ms phase and a 5 s step weigh the
+// same), a Cauchy loss tames stragglers, each coefficient stays within its
+// physical bounds and is pulled weakly toward its prior (default) value so
+// that directions the data cannot see stay where they were.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/coefficients.h"
+#include "model/step_features.h"
+
+namespace stepcast::calibrate {
+
+struct Observation {
+  std::string key;
+  Features features;
+  // Measured; a value <= 0 means "not measured" and adds no residual.
+  double step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, gpu_memory_bytes = 0;
+};
+
+struct FitOptions {
+  std::vector<Coef> free;         // coefficients the fit may move; the rest stay fixed
+  double sigma_step = 0.02;       // expected relative error of a step-time measurement
+  double sigma_phase = 0.05;      // of a phase (forward, backward, optimizer)
+  double sigma_memory = 0.02;     // of peak memory
+  double sigma_prior = 0.5;       // width of the prior around the starting value (relative)
+  double cauchy_scale = 2.0;      // robust loss scale, in units of sigma
+  int max_iterations = 200;
+};
+
+struct FitResult {
+  CoefVector coefs{};
+  std::vector<double> std_errors;              // kNumCoefs, 0 for fixed coefficients
+  std::vector<std::vector<double>> covariance; // kNumCoefs x kNumCoefs, 0 rows/columns for fixed
+  bool covariance_ok = false;
+  double model_error_frac = 0;  // RMS relative step-time residual on the fitted runs
+  double initial_cost = 0, final_cost = 0;
+  int iterations = 0;
+  bool converged = false;
+  std::string summary;  // Ceres' brief report
+};
+
+// The coefficients the H200 data identifies; the default free set.
+std::vector<Coef> default_free_coefs();
+
+FitResult fit_coefficients(const std::vector<Observation>& observations, const CoefVector& start,
+                           const FitOptions& options);
+
+// Standard deviation of the predicted step time from the coefficient
+// covariance (first-order propagation with the Jet gradient).
+double step_time_std_s(const Features& f, const CoefVector& coefs, const std::vector<std::vector<double>>& cov);
+
+}  // namespace stepcast::calibrate

@@ -1,0 +1,126 @@
+#include "calibrate/run_record.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "model/errors.h"
+
+namespace stepcast::calibrate {
+
+std::string config_key(const std::string& model, const TrainConfig& c) {
+  return model + " g" + std::to_string(c.gpus_per_node) + "n" + std::to_string(c.nodes) + " s" +
+         std::to_string(c.zero_stage) + " off=" + offload_name(c.offload_optimizer) + "/" +
+         offload_name(c.offload_params) + " " + optimizer_name(c.optimizer) + " " + precision_name(c.precision) +
+         " mb" + std::to_string(c.micro_batch) + " gas" + std::to_string(c.gas) + " seq" +
+         std::to_string(c.seq_len) + " ckpt=" + (c.activation_checkpointing ? "1" : "0");
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
+                                 const std::filesystem::path& data_dir) {
+  struct Acc {
+    RunRecord rec;
+    std::map<std::string, std::vector<double>> values;
+  };
+  std::map<std::string, Acc> groups;
+  std::vector<std::string> order;
+  for (const auto& file : files) {
+    std::ifstream in(file);
+    if (!in) throw InputError(file.string() + ": cannot open the runs file");
+    std::string line;
+    int line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (line.empty()) continue;
+      const std::string where = file.string() + ":" + std::to_string(line_no);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw InputError(where + ": malformed JSON: " + e.what());
+      }
+      try {
+        if (j.value("warmup", false)) continue;
+        const auto& c = j.at("config");
+        TrainConfig cfg;
+        cfg.zero_stage = c.at("zero_stage").get<int>();
+        cfg.offload_optimizer = parse_offload(c.at("offload_optimizer").get<std::string>(), where + ": config.offload_optimizer");
+        cfg.offload_params = parse_offload(c.at("offload_params").get<std::string>(), where + ": config.offload_params");
+        cfg.optimizer = parse_optimizer(c.at("optimizer").get<std::string>(), where + ": config.optimizer");
+        cfg.precision = parse_precision(c.at("precision").get<std::string>(), where + ": config.precision");
+        cfg.micro_batch = c.at("micro_batch").get<int64_t>();
+        cfg.gas = c.at("gas").get<int64_t>();
+        cfg.seq_len = c.at("seq_len").get<int64_t>();
+        cfg.gpus_per_node = c.at("gpus").get<int>();
+        cfg.nodes = c.at("nodes").get<int>();
+        cfg.activation_checkpointing = c.at("activation_checkpointing").get<bool>();
+        validate_config(cfg);
+        const std::string model = j.at("model").get<std::string>();
+        const std::string key = config_key(model, cfg);
+        auto it = groups.find(key);
+        if (it == groups.end()) {
+          Acc acc;
+          acc.rec.key = key;
+          acc.rec.source = file.filename().string();
+          acc.rec.model = resolve_model(model, data_dir);
+          acc.rec.config = cfg;
+          it = groups.emplace(key, std::move(acc)).first;
+          order.push_back(key);
+        }
+        Acc& acc = it->second;
+        const auto& t = j.at("time_s");
+        for (const char* k : {"step", "opt", "forward", "backward", "grad_comm", "param_gather", "offload_transfer",
+                              "optimizer"})
+          acc.values[k].push_back(t.at(k).get<double>());
+        acc.values["gas"].push_back(t.at("gas").is_null() ? 0.0 : t.at("gas").get<double>());
+        acc.values["mem"].push_back(j.at("memory_bytes").at("gpu_peak_reserved").get<double>());
+        acc.values["tps"].push_back(j.at("throughput").at("tokens_per_s").get<double>());
+        acc.rec.steps++;
+      } catch (const nlohmann::json::exception& e) {
+        throw InputError(where + ": " + e.what());
+      }
+    }
+  }
+  std::vector<RunRecord> out;
+  for (const auto& key : order) {
+    Acc& a = groups[key];
+    RunRecord r = a.rec;
+    r.step_s = median(a.values["step"]);
+    r.gas_s = median(a.values["gas"]);
+    r.opt_s = median(a.values["opt"]);
+    r.forward_s = median(a.values["forward"]);
+    r.backward_s = median(a.values["backward"]);
+    r.grad_comm_s = median(a.values["grad_comm"]);
+    r.param_gather_s = median(a.values["param_gather"]);
+    r.offload_transfer_s = median(a.values["offload_transfer"]);
+    r.optimizer_s = median(a.values["optimizer"]);
+    r.gpu_peak_reserved_bytes = median(a.values["mem"]);
+    r.tokens_per_s = median(a.values["tps"]);
+    out.push_back(r);
+  }
+  return out;
+}
+
+bool is_holdout(const std::string& key, double fraction, uint64_t seed) {
+  // FNV-1a of the key, mixed with the seed: stable across runs and machines.
+  uint64_t h = 1469598103934665603ULL ^ seed;
+  for (unsigned char ch : key) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  return static_cast<double>(h % 10000) / 10000.0 < fraction;
+}
+
+}  // namespace stepcast::calibrate

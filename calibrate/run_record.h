@@ -1,0 +1,37 @@
+// Measured runs as `train --json-out` writes them (one JSON object per step),
+// grouped into one observation per (model, configuration) with the median of
+// the measured steps.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/model_spec.h"
+#include "model/train_config.h"
+
+namespace stepcast::calibrate {
+
+struct RunRecord {
+  std::string key;          // model + configuration, e.g. "llama-2-7b g2n1 s3 off=none/none adamw bf16 mb4 gas4 seq2048 ckpt=0"
+  std::string source;       // file the steps came from
+  ModelSpec model;
+  TrainConfig config;
+  int steps = 0;            // measured (non-warm-up) steps
+  // Medians over the measured steps, seconds / bytes.
+  double step_s = 0, gas_s = 0, opt_s = 0, forward_s = 0, backward_s = 0, grad_comm_s = 0, param_gather_s = 0,
+         offload_transfer_s = 0, optimizer_s = 0;
+  double gpu_peak_reserved_bytes = 0;
+  double tokens_per_s = 0;
+};
+
+std::string config_key(const std::string& model, const TrainConfig& c);
+
+// Reads JSONL files; malformed lines fail with file:line and the key.
+std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
+                                 const std::filesystem::path& data_dir);
+
+// A deterministic split: a run is held out when a hash of its key falls under `fraction`.
+bool is_holdout(const std::string& key, double fraction, uint64_t seed);
+
+}  // namespace stepcast::calibrate

@@ -1,0 +1,174 @@
+// The Ceres fit: recovery of known coefficients from synthetic measurements,
+// the same from a bad start, and the committed H200 profile reproduced from
+// the committed runs.
+#include <ceres/jet.h>
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "calibrate/fit.h"
+#include "calibrate/run_record.h"
+#include "model/prediction.h"
+#include "test_util.h"
+
+using namespace stepcast;
+using namespace stepcast::calibrate;
+
+namespace {
+
+// Known "true" coefficients: every free coefficient moved away from its default.
+CoefVector truth() {
+  CoefVector c = default_coefs();
+  c[kGemmEffMaxFrac] = 0.62;
+  c[kGemmHalfDim] = 120.0;
+  c[kBackwardSlowdownMult] = 1.25;
+  c[kElementwiseTrafficMult] = 5.0;
+  c[kLayerOverheadS] = 60e-6;
+  c[kGpuOptBwEffFrac] = 0.55;
+  c[kCpuCoreBytesPerSPerLane] = 0.9e9;
+  c[kCpuDramEffFrac] = 0.6;
+  c[kActBytesMult] = 1.2;
+  c[kGpuWorkspaceBytes] = 2.5e9;
+  c[kIntraBusEffFrac] = 0.6;
+  c[kCollLatencyS] = 80e-6;
+  return c;
+}
+
+// A designed set of configurations, "measured" with the true coefficients
+// and 1 % multiplicative noise.
+std::vector<Observation> synthetic(uint64_t seed) {
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  const CoefVector t = truth();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(0.0, 0.01);
+  std::vector<Observation> out;
+  for (const char* name : {"llama-2-7b", "gpt-j-6b", "pythia-2.8b", "qwen2.5-7b"}) {
+    const ModelSpec m = test::model(name);
+    for (int gpus : {1, 2, 4})
+      for (int stage = 0; stage <= 3; ++stage)
+        for (int off = 0; off <= (stage > 0 ? 1 : 0); ++off)
+          for (int64_t micro : {1, 4})
+            for (int64_t seq : {1024, 4096})
+              for (double cores : {4.0, 0.0}) {  // 4 cores: the CPU optimizer is core-bound; 0: the profile's
+                if (cores > 0 && !off) continue;
+                TrainConfig c;
+                c.zero_stage = stage;
+                c.offload_optimizer = off ? OffloadDevice::kCpu : OffloadDevice::kNone;
+                c.gpus_per_node = gpus;
+                c.micro_batch = micro;
+                c.gas = 4;
+                c.seq_len = seq;
+                c.activation_checkpointing = micro == 4 && seq == 4096;
+                Observation o;
+                o.features = make_features(m, hw, c, ResourceLimits{0, 0, cores});
+                const auto st = predict_step_time(o.features.step, t.data());
+                const auto mem = predict_memory(o.features.memory, t.data());
+                o.step_s = st.step * (1 + noise(rng));
+                o.forward_s = st.forward * (1 + noise(rng));
+                o.backward_s = (st.backward + st.recompute) * (1 + noise(rng));
+                o.optimizer_s = st.optimizer * (1 + noise(rng));
+                o.gpu_memory_bytes = mem.gpu_total * (1 + noise(rng));
+                o.key = std::string(name) + std::to_string(out.size());
+                out.push_back(o);
+              }
+  }
+  return out;
+}
+
+void check_recovered(const FitResult& fit) {
+  const CoefVector t = truth();
+  // Well-identified coefficients (they dominate some phase of some run): 5 %.
+  for (Coef c : {kGemmEffMaxFrac, kBackwardSlowdownMult, kGpuOptBwEffFrac, kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,
+                 kActBytesMult, kGpuWorkspaceBytes}) {
+    CAPTURE(coef_table()[c].name);
+    CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.05));
+  }
+  // Second-order ones (shape penalty, element-wise traffic, overheads, links): 30 %.
+  for (Coef c : {kGemmHalfDim, kElementwiseTrafficMult, kLayerOverheadS, kIntraBusEffFrac, kCollLatencyS}) {
+    CAPTURE(coef_table()[c].name);
+    CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.30));
+  }
+  // The true values lie within a few standard errors of the fit.
+  for (Coef c : default_free_coefs()) {
+    CAPTURE(coef_table()[c].name);
+    CHECK(std::abs(fit.coefs[c] - t[c]) <= 5 * fit.std_errors[c] + 1e-3 * std::abs(t[c]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("synthetic recovery: known coefficients come back from noisy measurements") {
+  const auto obs = synthetic(11);
+  REQUIRE(obs.size() > 100);
+  FitOptions fo;
+  fo.free = default_free_coefs();
+  const FitResult fit = fit_coefficients(obs, default_coefs(), fo);
+  CHECK(fit.converged);
+  CHECK(fit.covariance_ok);
+  check_recovered(fit);
+  // 1 % noise: the fitted model's residual is about that.
+  CHECK(fit.model_error_frac < 0.02);
+}
+
+TEST_CASE("synthetic recovery from a bad starting point") {
+  const auto obs = synthetic(12);
+  FitOptions fo;
+  fo.free = default_free_coefs();
+  CoefVector start = default_coefs();
+  for (Coef c : fo.free) {
+    const CoefInfo& info = coef_table()[c];
+    start[c] = std::clamp(info.default_value * (c % 2 ? 2.0 : 0.4), info.lower, info.upper);
+  }
+  const FitResult fit = fit_coefficients(obs, start, fo);
+  check_recovered(fit);
+}
+
+TEST_CASE("the Jet and finite-difference step-time uncertainties agree") {
+  const auto obs = synthetic(13);
+  FitOptions fo;
+  fo.free = default_free_coefs();
+  const FitResult fit = fit_coefficients(obs, default_coefs(), fo);
+  for (size_t i = 0; i < obs.size(); i += 17) {
+    const double jet = calibrate::step_time_std_s(obs[i].features, fit.coefs, fit.covariance);
+    const double fd = stepcast::step_time_std_s(obs[i].features.step, fit.coefs, fit.covariance);
+    CHECK(fd == doctest::Approx(jet).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
+  // data/hardware/h200-sxm.toml was written by
+  //   calibrate fit --runs data/runs/h200-sxm/2026-11-29_backend_v1_b.jsonl
+  //                        data/runs/h200-sxm/2026-11-29_backend_v1_c_gptj.jsonl --hardware h200-sxm
+  // (hold-out fraction 0.25, seed 1). Refit and compare.
+  const HardwareProfile committed = test::hardware("h200-sxm");
+  REQUIRE(committed.coefs_calibrated);
+  const auto runs = load_runs({test::data_dir() / "runs/h200-sxm/2026-11-29_backend_v1_b.jsonl",
+                               test::data_dir() / "runs/h200-sxm/2026-11-29_backend_v1_c_gptj.jsonl"},
+                              test::data_dir());
+  std::vector<Observation> obs;
+  for (const auto& r : runs) {
+    if (is_holdout(r.key, 0.25, 1)) continue;
+    Observation o;
+    o.features = make_features(r.model, committed, r.config);
+    o.step_s = r.step_s;
+    o.forward_s = r.forward_s;
+    o.backward_s = r.backward_s;
+    o.optimizer_s = r.optimizer_s;
+    o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
+    obs.push_back(o);
+  }
+  FitOptions fo;
+  fo.free = default_free_coefs();
+  const FitResult fit = fit_coefficients(obs, default_coefs(), fo);
+  for (const auto& info : coef_table()) {
+    CAPTURE(info.name);
+    CHECK(fit.coefs[info.id] == doctest::Approx(committed.coefs[info.id]).epsilon(1e-5));
+  }
+}
