@@ -140,8 +140,6 @@ SearchResult search_plans(const SearchRequest& req) {
                 c.gas = gas;
                 Features f = make_features(req.model, req.hardware, c, req.limits);
                 all.push_back(evaluate_features(f, c, req.hardware, req.hardware.coefs, req.limits));
-                if (!req.hardware.coef_covariance.empty())
-                  all.back().step_std_s = step_interval_std_s(f.step, req.hardware, all.back().time.step);
               }
             }
           }
@@ -169,6 +167,13 @@ SearchResult search_plans(const SearchRequest& req) {
   }
   result.dropped = all.size() - result.ranked.size();
   std::sort(result.ranked.begin(), result.ranked.end(), better);
+  // Intervals (2 x coefficients more evaluations each) for the plans anyone will read.
+  auto add_interval = [&](Prediction& p) {
+    if (req.hardware.coef_covariance.empty()) return;
+    const Features f = make_features(req.model, req.hardware, p.config, req.limits);
+    p.step_std_s = step_interval_std_s(f.step, req.hardware, p.time.step);
+  };
+  for (size_t i = 0; i < std::min<size_t>(result.ranked.size(), 64); ++i) add_interval(result.ranked[i]);
 
   // Families, in order of their best member.
   std::map<std::string, FamilyOutcome> fams;
@@ -184,6 +189,7 @@ SearchResult search_plans(const SearchRequest& req) {
   }
   const Prediction* top = result.ranked.empty() ? nullptr : &result.ranked.front();
   for (auto& [name, fo] : fams) {
+    if (fo.best) add_interval(*fo.best);
     char buf[400];
     if (!fo.any_fits) {
       const Prediction& s = *fo.smallest_memory;
