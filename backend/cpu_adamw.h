@@ -10,9 +10,21 @@
 
 namespace stepcast::backend {
 
+// The instruction set the update runs with, chosen at run time (kAuto: the
+// widest the CPU has).
+enum class SimdLevel { kAuto, kScalar, kAvx2, kAvx512 };
+SimdLevel cpu_simd_level();
+const char* simd_name(SimdLevel level);
+
+// Threads of the CPU optimizer and accumulation (a rank's share of the host's
+// cores); 0 = all hardware threads. Own std::threads, not OpenMP's pool.
+void set_cpu_threads(int threads);
+int cpu_threads();
+
 // out_dtype selects what `param_out` holds (bf16 or fp32); param_out may be null.
 void cpu_adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, void* param_out,
-               kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& args);
+               kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& args,
+               SimdLevel level = SimdLevel::kAuto);
 
 // acc[i] += src[i] (src bf16 or fp32), multi-threaded: accumulating offloaded
 // gradient shards in fp32 on the host.

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "backend/collectives.h"
+#include "backend/cpu_adamw.h"
 #include "backend/data.h"
 #include "backend/engine.h"
 #include "backend/launcher.h"
@@ -119,6 +120,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
   // gradient accumulation run on this rank's share).
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, cores / std::max(1, local_world)));
+  set_cpu_threads(std::max(1, cores / std::max(1, local_world)));
 
   std::unique_ptr<Collectives> comm;
   if (rv.world == 1) {
