@@ -6,7 +6,12 @@
 //   planner models [--json]      planner hardware [--json]
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <sstream>
 
 #include "model/errors.h"
@@ -249,6 +254,125 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   return 0;
 }
 
+// planner validate: runs the top-K plans on the backend (`train --plan`) for a
+// few steps and prints predicted against measured, and the regret of the top
+// plan against the best measured one.
+struct ValidateOptions {
+  int top = 3;
+  int64_t steps = 4;
+  std::string train;   // path of the train binary (default: beside this build's planner)
+  std::string device = "auto";
+  std::string append;  // JSONL to append the runs to (for a refit); default: a temporary file
+};
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int run_validate(const CommonOptions& o, int64_t global_batch, const std::string& optimizers, const ValidateOptions& v) {
+  namespace fs = std::filesystem;
+  TrainConfig base = base_config(o);
+  if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
+  if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
+  SearchRequest req;
+  req.model = resolve_model(o.model, data_dir(o));
+  req.hardware = resolve_hardware(o.hardware, data_dir(o));
+  req.base = base;
+  req.limits = limits_of(o);
+  req.global_batch = global_batch;
+  req.optimizers = parse_optimizer_list(optimizers);
+  // The backend runs AdamW with fp32 states (8-bit states are the next backend issue).
+  req.optimizers.erase(std::remove(req.optimizers.begin(), req.optimizers.end(), OptimizerKind::kAdamW8bit),
+                       req.optimizers.end());
+  if (req.optimizers.empty()) throw InputError("--optimizers: the backend runs adamw only");
+  SearchResult res = search_plans(req);
+  if (res.ranked.empty()) throw InputError("nothing fits: no plan to validate");
+  std::string train = v.train;
+  if (train.empty()) train = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "backend" / "train").string();
+  if (!fs::exists(train)) throw InputError(train + ": no train binary (build the backend, or pass --train PATH)");
+  const fs::path tmp = fs::temp_directory_path() / ("stepcast_validate_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  const std::string log = v.append.empty() ? (tmp / "runs.jsonl").string() : v.append;
+  ReportContext ctx{&req.model, &req.hardware, 0};
+  struct Measured {
+    const Prediction* plan;
+    double step_s = 0, tokens_per_s = 0;
+    int rc = 0;
+  };
+  std::vector<Measured> out;
+  const size_t k = std::min(res.ranked.size(), static_cast<size_t>(v.top));
+  for (size_t i = 0; i < k; ++i) {
+    const Prediction& p = res.ranked[i];
+    const fs::path plan = tmp / ("plan" + std::to_string(i) + ".json");
+    nlohmann::json pj;
+    pj["plans"] = nlohmann::json::array({plan_to_json(p, ctx)});
+    write_file_atomic(plan, pj.dump());
+    const fs::path mine = tmp / ("run" + std::to_string(i) + ".jsonl");
+    std::fprintf(stderr, "validate: [%zu/%zu] %s, micro-batch %lld, GAS %lld ...\n", i + 1, k,
+                 family_name(p.config).c_str(), static_cast<long long>(p.config.micro_batch),
+                 static_cast<long long>(p.config.gas));
+    const std::string cmd = shell_quote(train) + " --model " + shell_quote(o.model) + " --plan " + shell_quote(plan.string()) +
+                            " --nproc " + std::to_string(base.gpus_per_node) + " --steps " + std::to_string(v.steps) +
+                            " --warmup 1 --device " + shell_quote(v.device) + " --hardware " + shell_quote(o.hardware) +
+                            " --quiet --json-out " + shell_quote(mine.string()) + (o.data_dir.empty() ? "" : " --data-dir " + shell_quote(o.data_dir));
+    Measured m{&p};
+    const int status = std::system(cmd.c_str());
+    m.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    std::vector<double> steps;
+    std::ifstream in(mine);
+    std::string line;
+    std::string all;
+    while (std::getline(in, line)) {
+      all += line + "\n";
+      auto j = nlohmann::json::parse(line);
+      if (!j.value("warmup", false)) steps.push_back(j["time_s"]["step"].get<double>());
+    }
+    if (!steps.empty()) {
+      std::sort(steps.begin(), steps.end());
+      m.step_s = steps[steps.size() / 2];
+      m.tokens_per_s = static_cast<double>(p.config.micro_batch * p.config.gas * p.config.world_size() * p.config.seq_len) / m.step_s;
+    }
+    std::ofstream(log, std::ios::app) << all;
+    out.push_back(m);
+  }
+  double best = 0;
+  for (const auto& m : out) best = std::max(best, m.tokens_per_s);
+  const double regret = best > 0 && out.front().tokens_per_s > 0 ? 1.0 - out.front().tokens_per_s / best : 0.0;
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = model_to_json(req.model);
+    j["runs_file"] = log;
+    j["validated"] = nlohmann::json::array();
+    for (const auto& m : out) {
+      nlohmann::json r = plan_to_json(*m.plan, ctx);
+      r["measured"] = {{"exit_code", m.rc}, {"step_s", m.step_s}, {"tokens_per_s", m.tokens_per_s}};
+      r["step_error_pct"] = m.step_s > 0 ? 100.0 * (m.plan->time.step / m.step_s - 1) : 0.0;
+      j["validated"].push_back(r);
+    }
+    j["top_plan_regret"] = regret;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("%-2s %-48s %6s %4s %10s %10s %8s %12s %12s\n", "#", "plan", "micro", "GAS", "pred step", "meas step",
+                "error", "pred tok/s", "meas tok/s");
+    std::printf("%-2s %-48s %6s %4s %10s %10s %8s %12s %12s\n", "", "", "", "", "s", "s", "%", "", "");
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto& m = out[i];
+      const std::string label = family_name(m.plan->config) + (m.plan->config.activation_checkpointing ? " + ckpt" : "");
+      std::printf("%-2zu %-48s %6lld %4lld %10.3f %10.3f %+8.1f %12.0f %12.0f%s\n", i + 1, label.c_str(),
+                  static_cast<long long>(m.plan->config.micro_batch), static_cast<long long>(m.plan->config.gas),
+                  m.plan->time.step, m.step_s, m.step_s > 0 ? 100.0 * (m.plan->time.step / m.step_s - 1) : 0.0,
+                  m.plan->throughput.tokens_per_s, m.tokens_per_s, m.rc ? ("  (train exited " + std::to_string(m.rc) + ")").c_str() : "");
+    }
+    std::printf("regret of the top plan against the best measured: %.1f %%\nruns appended to %s (refit: calibrate fit --runs ...)\n",
+                100.0 * regret, log.c_str());
+  }
+  for (const auto& m : out)
+    if (m.rc != 0) return 1;
+  return 0;
+}
+
 int run_models(const std::string& dir_flag, bool json) {
   CommonOptions o;
   o.data_dir = dir_flag;
@@ -333,6 +457,20 @@ int main_impl(int argc, char** argv) {
   exp->add_option("--gas", e.gas, "gradient accumulation steps")->capture_default_str();
   exp->add_option("--checkpointing", e.checkpointing, "on | off (full activation checkpointing)")->capture_default_str();
 
+  CommonOptions val_opts;
+  ValidateOptions vo;
+  int64_t val_global_batch = 64;
+  std::string val_optimizers = "adamw";
+  CLI::App* val = app.add_subcommand("validate", "run the top plans on the backend and compare with the prediction");
+  add_common(val, val_opts);
+  val->add_option("--global-batch", val_global_batch, "sequences per optimizer step across all ranks")->capture_default_str();
+  val->add_option("--optimizers", val_optimizers, "optimizers to search (the backend runs adamw)")->capture_default_str();
+  val->add_option("--top", vo.top, "plans to run")->capture_default_str();
+  val->add_option("--steps", vo.steps, "steps per plan (the first is warm-up)")->capture_default_str();
+  val->add_option("--train", vo.train, "path of the train binary");
+  val->add_option("--device", vo.device, "auto | cpu | cuda")->capture_default_str();
+  val->add_option("--append", vo.append, "append the runs to this JSONL (calibration data for a refit)");
+
   std::string list_dir;
   bool list_json = false;
   CLI::App* models = app.add_subcommand("models", "list the model catalog");
@@ -354,6 +492,7 @@ int main_impl(int argc, char** argv) {
   }
   if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload);
   if (exp->parsed()) return run_explain(exp_opts, e);
+  if (val->parsed()) return run_validate(val_opts, val_global_batch, val_optimizers, vo);
   if (models->parsed()) return run_models(list_dir, list_json);
   if (hardware->parsed()) return run_hardware(list_dir, list_json);
   return 2;

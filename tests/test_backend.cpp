@@ -268,6 +268,29 @@ TEST_CASE("train --plan runs the planner's plan") {
   CHECK(err.find("missing.json") != std::string::npos);
 }
 
+TEST_CASE("planner validate runs the top plans and reports the regret") {
+  const std::string planner = (fs::path(g_train).parent_path().parent_path() / "planner" / "planner").string();
+  const fs::path out = tmpdir() / "validate.json", runs = tmpdir() / "validate_runs.jsonl";
+  fs::remove(runs);
+  const std::string cmd = planner + " validate --model test-llama-tiny --gpus 1 --seq 32 --global-batch 4 --top 2 --steps 3 " +
+                          "--precision fp32 --device " + g_device + " --train " + g_train + " --append " + runs.string() +
+                          " --json > " + out.string() + " 2>/dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  REQUIRE(j["validated"].size() == 2);
+  for (const auto& v : j["validated"]) CHECK(v["measured"]["step_s"].get<double>() > 0);
+  const double regret = j["top_plan_regret"].get<double>();
+  CHECK(regret >= 0.0);
+  CHECK(regret < 1.0);
+  // The runs were appended for a refit: 3 steps per plan.
+  std::ifstream r(runs);
+  int lines = 0;
+  std::string line;
+  while (std::getline(r, line)) ++lines;
+  CHECK(lines == 6);
+}
+
 int main(int argc, char** argv) {
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);
