@@ -10,11 +10,15 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#ifdef STEPCAST_HAVE_CERES
 #include "calibrate/fit.h"
+#endif
 #include "calibrate/run_record.h"
 #include "model/errors.h"
 #include "model/prediction.h"
@@ -54,6 +58,7 @@ std::string fnv1a_hex(const std::string& bytes) {
   return buf;
 }
 
+#ifdef STEPCAST_HAVE_CERES
 Observation observe(const RunRecord& r, const HardwareProfile& hw) {
   Observation o;
   o.key = r.key;
@@ -65,6 +70,8 @@ Observation observe(const RunRecord& r, const HardwareProfile& hw) {
   o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
   return o;
 }
+
+#endif  // STEPCAST_HAVE_CERES
 
 struct Row {
   const RunRecord* run;
@@ -149,6 +156,7 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
   return out;
 }
 
+#ifdef STEPCAST_HAVE_CERES
 int run_fit(const std::vector<std::string>& run_files, const std::string& hw_name, const std::string& out_path,
             double holdout_frac, uint64_t seed, const std::string& dir, bool json) {
   if (!(holdout_frac >= 0 && holdout_frac < 1))
@@ -242,6 +250,99 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   return 0;
 }
 
+#endif  // STEPCAST_HAVE_CERES
+
+// calibrate measure: runs a designed list of configurations with `train`,
+// appending every step to OUT/runs.jsonl. A configuration already present with
+// enough measured steps is skipped, so an interrupted run resumes where it
+// stopped. Progress and an ETA go to stderr.
+int run_measure(const std::string& list, const std::string& out_dir, const std::string& train_flag, int64_t steps,
+                double budget_min, const std::string& device, const std::string& dir) {
+  std::ifstream in(list);
+  if (!in) throw InputError(list + ": cannot open the run list");
+  struct Item {
+    std::string model;
+    int nproc;
+    std::string flags;
+    int line;
+  };
+  std::vector<Item> items;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    Item it{};
+    it.line = n;
+    if (!(ls >> it.model >> it.nproc) || it.nproc < 1)
+      throw InputError(list + ":" + std::to_string(n) + ": expected 'MODEL NPROC [train flags]', got \"" + line + "\"");
+    std::getline(ls, it.flags);
+    items.push_back(it);
+  }
+  if (steps < 2) throw InputError("--steps " + std::to_string(steps) + " must be at least 2 (the first is warm-up)");
+  fs::create_directories(out_dir);
+  const fs::path runs = fs::path(out_dir) / "runs.jsonl";
+  std::string train = train_flag;
+  if (train.empty()) train = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "backend" / "train").string();
+  if (!fs::exists(train)) throw InputError(train + ": no train binary (pass --train PATH)");
+  // What is already measured: steps per configuration key.
+  std::map<std::string, int> have;
+  if (fs::exists(runs))
+    for (const auto& r : load_runs({runs}, data_dir(dir))) have[r.key] = r.steps;
+  const auto t0 = std::chrono::steady_clock::now();
+  int done = 0, skipped = 0, failed = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (budget_min > 0 && elapsed > 60.0 * budget_min) {
+      std::fprintf(stderr, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)\n", budget_min,
+                   items.size() - i);
+      break;
+    }
+    const std::string marker = it.model + " " + std::to_string(it.nproc) + it.flags;
+    const double eta = done > 0 ? elapsed / done * static_cast<double>(items.size() - i) : 0.0;
+    const int width = 30, filled = static_cast<int>(width * static_cast<double>(i) / items.size());
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu  %s  ETA %.0f s          ", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), i, items.size(), marker.substr(0, 50).c_str(), eta);
+    const fs::path mine = fs::path(out_dir) / ".current.jsonl";
+    fs::remove(mine);
+    const std::string cmd = train + " --model " + it.model + " --nproc " + std::to_string(it.nproc) + " --steps " +
+                            std::to_string(steps) + " --warmup 1 --quiet --device " + device + " --json-out " +
+                            mine.string() + " " + it.flags + " >>" + (fs::path(out_dir) / "train.log").string() + " 2>&1";
+    // Resume: the configuration key of a line is known once a run of it has written a step; it is kept in
+    // OUT/.lineN.key, and a line whose key already has enough measured steps in runs.jsonl is skipped.
+    const fs::path probe = fs::path(out_dir) / (".line" + std::to_string(it.line) + ".key");
+    if (fs::exists(probe)) {
+      std::ifstream pk(probe);
+      std::string key;
+      std::getline(pk, key);
+      if (have.count(key) && have[key] >= steps - 1) {
+        ++skipped;
+        continue;
+      }
+    }
+    const int status = std::system(cmd.c_str());
+    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    if (rc != 0) ++failed;
+    if (fs::exists(mine)) {
+      const auto recs = load_runs({mine}, data_dir(dir));
+      std::ifstream src(mine, std::ios::binary);
+      std::ofstream(runs, std::ios::app) << src.rdbuf();
+      if (!recs.empty()) {
+        std::ofstream(probe) << recs.front().key << "\n";
+        have[recs.front().key] += recs.front().steps;
+      }
+      fs::remove(mine);
+    }
+    ++done;
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "\rcalibrate: %d run, %d skipped (already measured), %d failed, %.0f s; steps in %s\n", done,
+               skipped, failed, total, runs.string().c_str());
+  return failed ? 1 : 0;
+}
+
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
                uint64_t seed, const std::string& dir, bool json, const std::string& svg) {
   const auto files = to_paths(run_files);
@@ -304,6 +405,17 @@ int main_impl(int argc, char** argv) {
   }
   app.get_subcommand("fit")->add_option("--out", out, "calibrated profile to write (default: the profile itself)");
   app.get_subcommand("report")->add_option("--svg", svg, "write a predicted-vs-measured plot");
+  std::string list, out_dir = "calibration", train, device = "auto";
+  int64_t steps = 4;
+  double budget = 0;
+  CLI::App* measure = app.add_subcommand("measure", "run a designed list of configurations with train (GPU host)");
+  measure->add_option("--list", list, "run list: MODEL NPROC [train flags] per line")->required();
+  measure->add_option("--out", out_dir, "folder for runs.jsonl and train.log")->capture_default_str();
+  measure->add_option("--steps", steps, "steps per configuration (the first is warm-up)")->capture_default_str();
+  measure->add_option("--budget-min", budget, "stop starting new configurations after this many minutes (0 = no limit)");
+  measure->add_option("--train", train, "path of the train binary");
+  measure->add_option("--device", device, "auto | cpu | cuda")->capture_default_str();
+  measure->add_option("--data-dir", dir, "folder with models/ and hardware/");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& h) {
@@ -312,7 +424,12 @@ int main_impl(int argc, char** argv) {
     std::cerr << "calibrate: error: " << e.what() << " (see calibrate --help)\n";
     return 2;
   }
+  if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir);
+#ifdef STEPCAST_HAVE_CERES
   if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json);
+#else
+  if (app.got_subcommand("fit")) throw InputError("this build has no Ceres: fit on a machine with libceres-dev");
+#endif
   return run_report(runs, hardware, holdout, seed, dir, json, svg);
 }
 

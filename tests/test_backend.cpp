@@ -291,6 +291,33 @@ TEST_CASE("planner validate runs the top plans and reports the regret") {
   CHECK(lines == 6);
 }
 
+TEST_CASE("calibrate measure runs a list, appends JSONL, and resumes") {
+  const std::string calibrate = (fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate").string();
+  const fs::path list = tmpdir() / "list.txt", out = tmpdir() / "measure";
+  fs::remove_all(out);
+  std::ofstream(list) << "# two configurations\n"
+                      << "test-llama-tiny 1 --stage 0 --precision fp32 --seq 32 --micro-batch 2 --gas 2\n"
+                      << "test-llama-tiny 1 --stage 3 --offload-optimizer cpu --precision fp32 --seq 32 --micro-batch 2\n";
+  const std::string cmd = calibrate + " measure --list " + list.string() + " --out " + out.string() + " --steps 3 --device " +
+                          g_device + " --train " + g_train + " 2>" + (tmpdir() / "measure.err").string();
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  auto count = [&] {
+    std::ifstream in(out / "runs.jsonl");
+    int n = 0;
+    std::string line;
+    while (std::getline(in, line)) ++n;
+    return n;
+  };
+  CHECK(count() == 6);
+  // Interrupted or not, a second call measures nothing twice.
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  CHECK(count() == 6);
+  std::ifstream err(tmpdir() / "measure.err");
+  std::ostringstream e;
+  e << err.rdbuf();
+  CHECK(e.str().find("2 skipped") != std::string::npos);
+}
+
 int main(int argc, char** argv) {
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);
