@@ -58,20 +58,6 @@ std::string fnv1a_hex(const std::string& bytes) {
   return buf;
 }
 
-#ifdef STEPCAST_HAVE_CERES
-Observation observe(const RunRecord& r, const HardwareProfile& hw) {
-  Observation o;
-  o.key = r.key;
-  o.features = make_features(r.model, hw, r.config);
-  o.step_s = r.step_s;
-  o.forward_s = r.forward_s;
-  o.backward_s = r.backward_s;
-  o.optimizer_s = r.optimizer_s;
-  o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
-  return o;
-}
-
-#endif  // STEPCAST_HAVE_CERES
 
 struct Row {
   const RunRecord* run;
@@ -171,7 +157,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
       ++held;
       continue;
     }
-    obs.push_back(observe(r, hw));
+    obs.push_back(observation_of(r, hw));
   }
   if (obs.empty()) throw InputError("no runs left to fit after the hold-out split");
   std::fprintf(stderr, "calibrate: fitting %zu runs (%zu held out) from %zu files ...\n", obs.size(), held, files.size());

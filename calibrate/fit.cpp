@@ -76,6 +76,18 @@ struct PriorResidual {
 
 }  // namespace
 
+Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
+  Observation o;
+  o.key = r.key;
+  o.features = make_features(r.model, hw, r.config);
+  o.step_s = r.step_s;
+  o.forward_s = r.forward_s;
+  o.backward_s = r.backward_s;
+  o.optimizer_s = r.optimizer_s;
+  o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
+  return o;
+}
+
 std::vector<Coef> default_free_coefs() {
   return {kGemmEffMaxFrac, kGemmHalfDim,         kBackwardSlowdownMult, kElementwiseTrafficMult,
           kLayerOverheadS, kGpuOptBwEffFrac,     kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "model/coefficients.h"
+#include "calibrate/run_record.h"
+#include "model/hardware.h"
 #include "model/step_features.h"
 
 namespace stepcast::calibrate {
@@ -20,6 +22,9 @@ struct Observation {
   // Measured; a value <= 0 means "not measured" and adds no residual.
   double step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, gpu_memory_bytes = 0;
 };
+
+// A measured run as the fit sees it (medians of its steps, features on `hw`).
+Observation observation_of(const RunRecord& run, const HardwareProfile& hw);
 
 struct FitOptions {
   std::vector<Coef> free;         // coefficients the fit may move; the rest stay fixed

@@ -3,17 +3,8 @@
 // torch::optim::AdamW, the loss falls on real text, a resumed checkpoint
 // continues the same loss curve, and faults end the run cleanly.
 #include <torch/torch.h>
-// LibTorch pulls in glog, whose CHECK macros abort instead of reporting:
-// make CHECK doctest's again.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "doctest_after_glog.h"
 
 #include <chrono>
 #include <cstdlib>

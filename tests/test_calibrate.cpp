@@ -2,14 +2,7 @@
 // the same from a bad start, and the committed H200 profile reproduced from
 // the committed runs.
 #include <ceres/jet.h>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
+#include "doctest_after_glog.h"
 
 #include <random>
 
@@ -154,15 +147,7 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
                               test::data_dir());
   std::vector<Observation> obs;
   for (const auto& r : runs) {
-    if (is_holdout(r.key, 0.25, 1)) continue;
-    Observation o;
-    o.features = make_features(r.model, committed, r.config);
-    o.step_s = r.step_s;
-    o.forward_s = r.forward_s;
-    o.backward_s = r.backward_s;
-    o.optimizer_s = r.optimizer_s;
-    o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
-    obs.push_back(o);
+    if (!is_holdout(r.key, 0.25, 1)) obs.push_back(observation_of(r, committed));
   }
   FitOptions fo;
   fo.free = default_free_coefs();

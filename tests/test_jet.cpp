@@ -2,15 +2,7 @@
 // instantiated on ceres::Jet must give the same values as on double, and
 // derivatives equal to central finite differences of the double version.
 #include <ceres/jet.h>
-// Ceres pulls in glog, whose CHECK macros abort instead of reporting.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
+#include "doctest_after_glog.h"
 
 #include "model/prediction.h"
 #include "test_util.h"
