@@ -152,7 +152,7 @@ void ZeroEngine::drain_pending(size_t keep) {
   }
 }
 
-void ZeroEngine::reduce_unit(size_t i, bool boundary, bool first_micro) {
+void ZeroEngine::reduce_unit(size_t i, bool boundary) {
   Unit& u = units_[i];
   const int stage = cfg_.zero_stage;
   const int64_t shard = u.layout->shard_numel();
@@ -176,7 +176,6 @@ void ZeroEngine::reduce_unit(size_t i, bool boundary, bool first_micro) {
     u.full_grad = torch::Tensor();
     drain_pending(2);  // at most two buckets in flight, as the planner's memory model assumes
   }
-  (void)first_micro;
 }
 
 void ZeroEngine::host_accumulate(bool first_micro) {
@@ -300,7 +299,7 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
       if (sv.x_in.defined()) grad_out = sv.x_in.grad();
       sv = Saved{};
       if (stage == 3) release(k);
-      reduce_unit(k, boundary, mb == 0);
+      reduce_unit(k, boundary);
     }
     mm.bwd_end = rt_.mark();
     rt_.compute_waits_for_comm();

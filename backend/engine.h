@@ -59,6 +59,11 @@ class NonFiniteLoss : public std::runtime_error {
   int64_t step_;
 };
 
+// Testing: a rank that must die abruptly (--inject-fault-*); main ends the process.
+struct InjectedFault {
+  int exit_code = 7;
+};
+
 class ZeroEngine {
  public:
   ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runtime& runtime, Collectives& comm);
@@ -112,7 +117,7 @@ class ZeroEngine {
   void wait_gathered(size_t u, std::vector<std::pair<int, int>>& waits);
   void release(size_t u);
   void prepare_grads(size_t u);
-  void reduce_unit(size_t u, bool boundary, bool first_micro);
+  void reduce_unit(size_t u, bool boundary);
   void drain_pending(size_t keep);
   void host_accumulate(bool first_micro);
   void optimizer_step();

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,7 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
+
+extern char** environ;
 
 namespace stepcast::backend {
 
@@ -30,21 +34,29 @@ int free_port() {
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s) {
   const int port = free_port();
   std::vector<pid_t> pids;
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   for (int r = 0; r < nproc; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<char*> argv;
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv("/proc/self/exe", argv.data());
-      std::perror("train: exec");
-      std::_Exit(127);
+    // This process's environment plus torchrun's variables for rank r.
+    // Ours first: getenv returns the first match, so they win over inherited ones.
+    std::vector<std::string> env_text;
+    for (const auto& [key, value] :
+         {std::pair<std::string, std::string>{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)},
+          {"WORLD_SIZE", std::to_string(nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}})
+      env_text.push_back(key + "=" + value);
+    for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
+    std::vector<char*> envp;
+    for (auto& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    const int err = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());
+    if (err != 0) {
+      std::fprintf(stderr, "train: cannot start rank %d: %s\n", r, std::strerror(err));
+      for (pid_t p : pids) ::kill(p, SIGTERM);
+      for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+      return 127;
     }
     pids.push_back(pid);
   }

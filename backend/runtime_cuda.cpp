@@ -124,19 +124,15 @@ class CudaRuntime final : public Runtime {
     cudaRuntimeGetVersion(&runtime);
     return "driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime);
   }
-  double peak_allocated_bytes() override {
+  // Peaks of the caching allocator (aggregate over pools); 0 without LibTorch's CUDA.
+  double peak_allocated_bytes() override { return allocator_peak(/*reserved=*/false); }
+  double peak_reserved_bytes() override { return allocator_peak(/*reserved=*/true); }
+  double allocator_peak(bool reserved) const {
 #ifdef STEPCAST_TORCH_CUDA
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index_));
-    return static_cast<double>(stats.allocated_bytes[0].peak);
+    return static_cast<double>((reserved ? stats.reserved_bytes : stats.allocated_bytes)[0].peak);
 #else
-    return 0;
-#endif
-  }
-  double peak_reserved_bytes() override {
-#ifdef STEPCAST_TORCH_CUDA
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index_));
-    return static_cast<double>(stats.reserved_bytes[0].peak);
-#else
+    (void)reserved;
     return 0;
 #endif
   }

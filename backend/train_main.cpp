@@ -43,11 +43,7 @@ struct Flags {
   int64_t fault_step = 0;
 };
 
-std::filesystem::path data_dir(const Flags& f) {
-  if (!f.data_dir.empty()) return f.data_dir;
-  if (const char* env = std::getenv("STEPCAST_DATA_DIR")) return env;
-  return STEPCAST_DATA_DIR;
-}
+std::filesystem::path data_dir(const Flags& f) { return resolve_data_dir(f.data_dir); }
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -192,7 +188,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
       micro.push_back(tokens.batch(step, mb, rv.rank, cfg.micro_batch, cfg.seq_len).to(rt->device()));
     if (rv.rank == f.fault_rank && step == f.fault_step) {
       std::fprintf(stderr, "train: rank %d: injected fault at step %lld\n", rv.rank, static_cast<long long>(step));
-      std::_Exit(7);
+      throw InjectedFault{};
     }
     rt->reset_peak();
     StepResult r;
@@ -318,6 +314,9 @@ int main(int argc, char** argv) {
   } catch (const stepcast::InputError& e) {
     std::cerr << "train: error: " << e.what() << "\n";
     return 2;
+  } catch (const stepcast::backend::InjectedFault& f) {
+    std::fflush(stderr);
+    std::_Exit(f.exit_code);  // abrupt, as a crashed rank: no destructors, no goodbye to the other ranks
   } catch (const stepcast::backend::NonFiniteLoss& e) {
     std::cerr << "train: stopped: " << e.what() << "\n";
     return 4;

@@ -23,6 +23,7 @@
 #include "model/errors.h"
 #include "model/prediction.h"
 #include "planner/atomic_file.h"
+#include "planner/train_binary.h"
 
 #ifndef STEPCAST_GIT_COMMIT
 #define STEPCAST_GIT_COMMIT "unknown"
@@ -33,11 +34,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::filesystem::path data_dir(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  if (const char* env = std::getenv("STEPCAST_DATA_DIR")) return env;
-  return STEPCAST_DATA_DIR;
-}
+std::filesystem::path data_dir(const std::string& flag) { return resolve_data_dir(flag); }
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -48,13 +45,8 @@ std::string read_text(const fs::path& p) {
 }
 
 std::string fnv1a_hex(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a64(bytes)));
   return buf;
 }
 
@@ -269,9 +261,7 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
   if (steps < 2) throw InputError("--steps " + std::to_string(steps) + " must be at least 2 (the first is warm-up)");
   fs::create_directories(out_dir);
   const fs::path runs = fs::path(out_dir) / "runs.jsonl";
-  std::string train = train_flag;
-  if (train.empty()) train = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "backend" / "train").string();
-  if (!fs::exists(train)) throw InputError(train + ": no train binary (pass --train PATH)");
+  const std::string train = train_binary(train_flag);
   // What is already measured: steps per configuration key.
   std::map<std::string, int> have;
   if (fs::exists(runs))

@@ -113,14 +113,17 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
   return out;
 }
 
-bool is_holdout(const std::string& key, double fraction, uint64_t seed) {
-  // FNV-1a of the key, mixed with the seed: stable across runs and machines.
+uint64_t fnv1a64(const std::string& bytes, uint64_t seed) {
   uint64_t h = 1469598103934665603ULL ^ seed;
-  for (unsigned char ch : key) {
+  for (unsigned char ch : bytes) {
     h ^= ch;
     h *= 1099511628211ULL;
   }
-  return static_cast<double>(h % 10000) / 10000.0 < fraction;
+  return h;
+}
+
+bool is_holdout(const std::string& key, double fraction, uint64_t seed) {
+  return static_cast<double>(fnv1a64(key, seed) % 10000) / 10000.0 < fraction;
 }
 
 }  // namespace stepcast::calibrate

@@ -31,6 +31,9 @@ std::string config_key(const std::string& model, const TrainConfig& c);
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir);
 
+// FNV-1a, 64 bit: a stable hash of bytes across runs and machines.
+uint64_t fnv1a64(const std::string& bytes, uint64_t seed = 0);
+
 // A deterministic split: a run is held out when a hash of its key falls under `fraction`.
 bool is_holdout(const std::string& key, double fraction, uint64_t seed);
 

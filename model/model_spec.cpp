@@ -372,6 +372,12 @@ std::vector<CatalogEntry> list_model_catalog(const fs::path& data_dir) {
   return out;
 }
 
+fs::path resolve_data_dir(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("STEPCAST_DATA_DIR")) return env;
+  return STEPCAST_DATA_DIR;
+}
+
 ModelSpec resolve_model(const std::string& name, const fs::path& data_dir) {
   std::error_code ec;
   const fs::path as_path(name);

@@ -78,6 +78,10 @@ struct CatalogEntry {
 // The cards in data_dir/models, sorted by name.
 std::vector<CatalogEntry> list_model_catalog(const std::filesystem::path& data_dir);
 
+// The folder with models/ and hardware/: an explicit --data-dir flag, else
+// $STEPCAST_DATA_DIR, else the data/ of the source tree this build came from.
+std::filesystem::path resolve_data_dir(const std::string& flag);
+
 // Resolves --model: a catalog name or alias, a .toml card path, a config.json
 // path, or a folder holding config.json. Unknown names list the known ones.
 ModelSpec resolve_model(const std::string& name_or_path, const std::filesystem::path& data_dir);

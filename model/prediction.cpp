@@ -39,9 +39,6 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
   return p;
 }
 
-namespace {
-// Intervals are for the plans shown, not every evaluation of the search.
-}  // namespace
 
 double step_time_std_s(const StepFeatures& f, const CoefVector& coefs,
                        const std::vector<std::vector<double>>& cov) {

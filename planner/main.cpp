@@ -19,6 +19,7 @@
 #include "planner/deepspeed_config.h"
 #include "planner/plan_search.h"
 #include "planner/report.h"
+#include "planner/train_binary.h"
 
 namespace stepcast {
 namespace {
@@ -68,11 +69,7 @@ void add_common(CLI::App* app, CommonOptions& o) {
   app->add_option("--data-dir", o.data_dir, "folder with models/ and hardware/ (default: the build's data/)");
 }
 
-std::filesystem::path data_dir(const CommonOptions& o) {
-  if (!o.data_dir.empty()) return o.data_dir;
-  if (const char* env = std::getenv("STEPCAST_DATA_DIR")) return env;
-  return STEPCAST_DATA_DIR;
-}
+std::filesystem::path data_dir(const CommonOptions& o) { return resolve_data_dir(o.data_dir); }
 
 void check_positive(const char* flag, double v, bool allow_zero) {
   if (!(v > 0 || (allow_zero && v == 0)) || !std::isfinite(v)) {
@@ -137,17 +134,23 @@ std::vector<OptimizerKind> parse_optimizer_list(const std::string& list) {
   return out;
 }
 
-int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
-                  int top_k, bool no_offload) {
-  TrainConfig base = base_config(o);
-  if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
+// The search both recommend and validate run, from the common flags.
+SearchRequest make_request(const CommonOptions& o, int64_t global_batch, const std::string& optimizers) {
   SearchRequest req;
+  req.base = base_config(o);
   req.model = resolve_model(o.model, data_dir(o));
   req.hardware = resolve_hardware(o.hardware, data_dir(o));
-  req.base = base;
   req.limits = limits_of(o);
   req.global_batch = global_batch;
   req.optimizers = parse_optimizer_list(optimizers);
+  return req;
+}
+
+int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
+                  int top_k, bool no_offload) {
+  if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
+  SearchRequest req = make_request(o, global_batch, optimizers);
+  const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
   SearchResult res = search_plans(req);
   ReportContext ctx{&req.model, &req.hardware, o.train_tokens};
@@ -273,25 +276,17 @@ std::string shell_quote(const std::string& s) {
 
 int run_validate(const CommonOptions& o, int64_t global_batch, const std::string& optimizers, const ValidateOptions& v) {
   namespace fs = std::filesystem;
-  TrainConfig base = base_config(o);
   if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
   if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
-  SearchRequest req;
-  req.model = resolve_model(o.model, data_dir(o));
-  req.hardware = resolve_hardware(o.hardware, data_dir(o));
-  req.base = base;
-  req.limits = limits_of(o);
-  req.global_batch = global_batch;
-  req.optimizers = parse_optimizer_list(optimizers);
+  SearchRequest req = make_request(o, global_batch, optimizers);
+  const TrainConfig& base = req.base;
   // The backend runs AdamW with fp32 states (8-bit states are the next backend issue).
   req.optimizers.erase(std::remove(req.optimizers.begin(), req.optimizers.end(), OptimizerKind::kAdamW8bit),
                        req.optimizers.end());
   if (req.optimizers.empty()) throw InputError("--optimizers: the backend runs adamw only");
   SearchResult res = search_plans(req);
   if (res.ranked.empty()) throw InputError("nothing fits: no plan to validate");
-  std::string train = v.train;
-  if (train.empty()) train = (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "backend" / "train").string();
-  if (!fs::exists(train)) throw InputError(train + ": no train binary (build the backend, or pass --train PATH)");
+  const std::string train = train_binary(v.train);
   const fs::path tmp = fs::temp_directory_path() / ("stepcast_validate_" + std::to_string(::getpid()));
   fs::create_directories(tmp);
   const std::string log = v.append.empty() ? (tmp / "runs.jsonl").string() : v.append;
