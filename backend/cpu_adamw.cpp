@@ -1,5 +1,7 @@
 #include "backend/cpu_adamw.h"
 
+#include "backend/adamw_math.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,16 +32,16 @@ namespace {
 int g_threads = 0;  // 0: hardware concurrency
 
 // Runs fn(begin, end) over [0, n) on `threads` threads in contiguous chunks
-// (64-element aligned so that SIMD bodies rarely need a tail).
+// (`align`-element multiples so that SIMD bodies and quantisation blocks rarely need a tail).
 template <class Fn>
-void parallel_chunks(int64_t n, Fn&& fn) {
+void parallel_chunks(int64_t n, int64_t align, Fn&& fn) {
   int threads = g_threads > 0 ? g_threads : static_cast<int>(std::thread::hardware_concurrency());
   threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n / (1 << 15))));
   if (threads <= 1) {
     fn(int64_t{0}, n);
     return;
   }
-  const int64_t chunk = ((n + threads - 1) / threads + 63) / 64 * 64;
+  const int64_t chunk = ((n + threads - 1) / threads + align - 1) / align * align;
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) {
     const int64_t b = t * chunk, e = std::min(n, b + chunk);
@@ -49,33 +51,10 @@ void parallel_chunks(int64_t n, Fn&& fn) {
   for (auto& th : pool) th.join();
 }
 
-struct Consts {
-  float b1, b2, one_minus_b1, one_minus_b2, inv_bc2_sqrt, eps, step_size, decay, scale;
-};
-
-Consts consts_of(const kernels::AdamWArgs& a) {
-  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
-  const float bc2_sqrt =
-      std::sqrt(1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step))));
-  return {a.beta1, a.beta2, 1.0f - a.beta1, 1.0f - a.beta2, 1.0f / bc2_sqrt, a.eps, a.lr / bc1,
-          1.0f - a.lr * a.weight_decay, a.grad_scale};
-}
-
-// The reference arithmetic (torch.optim.AdamW), one element.
-inline float adamw_one(float& p, float& m, float& v, float gi, const Consts& c) {
-  const float g = gi * c.scale;
-  float x = p * c.decay;
-  m = c.b1 * m + c.one_minus_b1 * g;
-  v = c.b2 * v + c.one_minus_b2 * g * g;
-  x -= c.step_size * m / (std::sqrt(v) * c.inv_bc2_sqrt + c.eps);
-  p = x;
-  return x;
-}
-
-void adamw_scalar(float* p, float* m, float* v, const float* g, void* out, kernels::DType od, int64_t b, int64_t e,
+void adamw_scalar(float* p, float* m, float* v, GradIn g, void* out, kernels::DType od, int64_t b, int64_t e,
                   const Consts& c) {
   for (int64_t i = b; i < e; ++i) {
-    const float x = adamw_one(p[i], m[i], v[i], g[i], c);
+    const float x = adamw_one(p[i], m[i], v[i], g.at(i), c);
     if (out) {
       if (od == kernels::DType::kBFloat16) static_cast<uint16_t*>(out)[i] = float_to_bf16(x);
       else static_cast<float*>(out)[i] = x;
@@ -84,7 +63,19 @@ void adamw_scalar(float* p, float* m, float* v, const float* g, void* out, kerne
 }
 
 // AVX-512: 16 parameters per iteration; one pass over p, m, v, g and the output.
-__attribute__((target("avx512f,avx512bw"))) void adamw_avx512(float* p, float* m, float* v, const float* g,
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load_grad16(GradIn g, int64_t i) {
+  if (g.dtype == kernels::DType::kFloat32) return _mm512_loadu_ps(static_cast<const float*>(g.ptr) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g.ptr) + i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 load_grad8(GradIn g, int64_t i) {
+  if (g.dtype == kernels::DType::kFloat32) return _mm256_loadu_ps(static_cast<const float*>(g.ptr) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(g.ptr) + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx512f,avx512bw"))) void adamw_avx512(float* p, float* m, float* v, GradIn g,
                                                                void* out, kernels::DType od, int64_t b, int64_t e,
                                                                const Consts& c) {
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), omb1 = _mm512_set1_ps(c.one_minus_b1),
@@ -94,7 +85,7 @@ __attribute__((target("avx512f,avx512bw"))) void adamw_avx512(float* p, float* m
   const __m512i round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
   int64_t i = b;
   for (; i + 16 <= e; i += 16) {
-    const __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), sc);
+    const __m512 gi = _mm512_mul_ps(load_grad16(g, i), sc);
     __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + i), dec);
     const __m512 mi = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + i), _mm512_mul_ps(omb1, gi));
     const __m512 vi = _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + i), _mm512_mul_ps(omb2, _mm512_mul_ps(gi, gi)));
@@ -118,7 +109,7 @@ __attribute__((target("avx512f,avx512bw"))) void adamw_avx512(float* p, float* m
 }
 
 // AVX2 + FMA: 8 parameters per iteration.
-__attribute__((target("avx2,fma"))) void adamw_avx2(float* p, float* m, float* v, const float* g, void* out,
+__attribute__((target("avx2,fma"))) void adamw_avx2(float* p, float* m, float* v, GradIn g, void* out,
                                                      kernels::DType od, int64_t b, int64_t e, const Consts& c) {
   const __m256 b1 = _mm256_set1_ps(c.b1), b2 = _mm256_set1_ps(c.b2), omb1 = _mm256_set1_ps(c.one_minus_b1),
                omb2 = _mm256_set1_ps(c.one_minus_b2), ibc2 = _mm256_set1_ps(c.inv_bc2_sqrt),
@@ -130,7 +121,7 @@ __attribute__((target("avx2,fma"))) void adamw_avx2(float* p, float* m, float* v
     __m256i halves[2];
     for (int h = 0; h < 2; ++h) {
       const int64_t k = i + 8 * h;
-      const __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + k), sc);
+      const __m256 gi = _mm256_mul_ps(load_grad8(g, k), sc);
       __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + k), dec);
       const __m256 mi = _mm256_fmadd_ps(b1, _mm256_loadu_ps(m + k), _mm256_mul_ps(omb1, gi));
       const __m256 vi = _mm256_fmadd_ps(b2, _mm256_loadu_ps(v + k), _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
@@ -169,36 +160,23 @@ const char* simd_name(SimdLevel l) {
   return l == SimdLevel::kAvx512 ? "avx512" : l == SimdLevel::kAvx2 ? "avx2" : "scalar";
 }
 
+void cpu_parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn) {
+  parallel_chunks(n, align, fn);
+}
+
 void set_cpu_threads(int threads) { g_threads = threads; }
 int cpu_threads() { return g_threads > 0 ? g_threads : static_cast<int>(std::thread::hardware_concurrency()); }
 
-void cpu_adamw(float* master, float* m, float* v, const float* grad, void* out, kernels::DType out_dtype, int64_t n,
-               const kernels::AdamWArgs& a, SimdLevel level) {
+void cpu_adamw(float* master, float* m, float* v, const void* grad_ptr, kernels::DType grad_dtype, void* out,
+               kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& a, SimdLevel level) {
   const Consts c = consts_of(a);
+  const GradIn grad{grad_ptr, grad_dtype};
   if (level == SimdLevel::kAuto) level = cpu_simd_level();
-  parallel_chunks(n, [&](int64_t b, int64_t e) {
+  parallel_chunks(n, 64, [&](int64_t b, int64_t e) {
     switch (level) {
       case SimdLevel::kAvx512: adamw_avx512(master, m, v, grad, out, out_dtype, b, e, c); break;
       case SimdLevel::kAvx2: adamw_avx2(master, m, v, grad, out, out_dtype, b, e, c); break;
       default: adamw_scalar(master, m, v, grad, out, out_dtype, b, e, c); break;
-    }
-  });
-}
-
-void cpu_accumulate(float* acc, const void* src, kernels::DType dtype, int64_t n, bool overwrite) {
-  parallel_chunks(n, [&](int64_t begin, int64_t end) {
-    if (dtype == kernels::DType::kBFloat16) {
-      const auto* s = static_cast<const uint16_t*>(src);
-      if (overwrite)
-        for (int64_t i = begin; i < end; ++i) acc[i] = bf16_to_float(s[i]);
-      else
-        for (int64_t i = begin; i < end; ++i) acc[i] += bf16_to_float(s[i]);
-    } else {
-      const auto* s = static_cast<const float*>(src);
-      if (overwrite)
-        std::memcpy(acc + begin, s + begin, static_cast<size_t>(end - begin) * sizeof(float));
-      else
-        for (int64_t i = begin; i < end; ++i) acc[i] += s[i];
     }
   });
 }

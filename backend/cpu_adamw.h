@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "backend/kernels.h"
 
@@ -21,14 +22,29 @@ const char* simd_name(SimdLevel level);
 void set_cpu_threads(int threads);
 int cpu_threads();
 
-// out_dtype selects what `param_out` holds (bf16 or fp32); param_out may be null.
-void cpu_adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, void* param_out,
-               kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& args,
+// The gradient is read in grad_dtype (bf16 as it comes down from the GPU, or
+// fp32); out_dtype selects what `param_out` holds (bf16 or fp32); param_out
+// may be null, and may be the gradient's own buffer (each element's gradient
+// is read before its parameter is written). 28 bytes of memory traffic per
+// parameter with bf16 in and out.
+void cpu_adamw(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, kernels::DType grad_dtype,
+               void* param_out, kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& args,
                SimdLevel level = SimdLevel::kAuto);
 
-// acc[i] += src[i] (src bf16 or fp32), multi-threaded: accumulating offloaded
-// gradient shards in fp32 on the host.
-void cpu_accumulate(float* acc, const void* src, kernels::DType src_dtype, int64_t n, bool overwrite);
+// 8-bit AdamW (Dettmers et al. 2022) over n parameters: the moments are held
+// as block-wise quantised codes (quant8.h: exp_avg signed, exp_avg_sq
+// unsigned, one fp32 absmax per kBlock values each); they are dequantised,
+// updated with the fp32 arithmetic of cpu_adamw, and requantised with the
+// block's new absmax. Master weights stay fp32. Zero codes and absmax are the
+// zero state. 16 bytes of traffic per parameter with bf16 in and out.
+void cpu_adamw8bit(float* master, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code, float* exp_avg_absmax,
+                   float* exp_avg_sq_absmax, const void* grad, kernels::DType grad_dtype, void* param_out,
+                   kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& args,
+                   SimdLevel level = SimdLevel::kAuto);
+
+// Runs fn(begin, end) over [0, n) on the optimizer's threads in contiguous
+// chunks, each a multiple of `align` elements (except the last).
+void cpu_parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn);
 
 // Round-to-nearest-even fp32 -> bf16, and back.
 uint16_t float_to_bf16(float f);

@@ -1,10 +1,13 @@
 #include "backend/engine.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 
 #include "backend/compat.h"
 #include "backend/cpu_adamw.h"
+#include "backend/quant8.h"
 #include "model/errors.h"
 
 namespace stepcast::backend {
@@ -32,10 +35,19 @@ ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runt
   validate_config(cfg_);
   if (cfg_.precision == Precision::kFp16)
     throw InputError("--precision fp16 is not supported by the backend (use bf16 or fp32)");
-  if (cfg_.optimizer == OptimizerKind::kAdamW8bit)
-    throw InputError("--optimizer adamw8bit is not in the backend yet (issue \"Backend v2\")");
   work_dtype_ = cfg_.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
   init_parameters();
+  if (offload()) worker_.thread = std::thread([this] { worker_loop(); });
+}
+
+ZeroEngine::~ZeroEngine() {
+  if (!worker_.thread.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(worker_.mu);
+    worker_.stop = true;
+  }
+  worker_.cv.notify_all();
+  worker_.thread.join();
 }
 
 torch::TensorOptions ZeroEngine::work_opts() const { return torch::dtype(work_dtype_).device(rt_.device()); }
@@ -79,25 +91,36 @@ void ZeroEngine::init_parameters() {
       compat::free_storage(u.full);
     }
     if (stage <= 1) u.full_grad = torch::zeros({padded}, work_opts());
+    // 8-bit AdamW: the shard's part before the unit's small tensors has quantised moments.
+    const int64_t n = opt_numel(u);
+    u.n8 = cfg_.optimizer == OptimizerKind::kAdamW8bit
+               ? std::clamp<int64_t>(u.layout->small_begin - opt_offset(u), 0, n)
+               : 0;
+    const auto state = [&](torch::ScalarType t) { return offload() ? host_opts(t) : torch::dtype(t).device(rt_.device()); };
     if (offload()) {
-      u.master = torch::empty({opt_numel(u)}, host_opts(torch::kFloat));
+      u.master = torch::empty({n}, host_opts(torch::kFloat));
       u.master.copy_(own);
-      u.exp_avg = torch::zeros({opt_numel(u)}, host_opts(torch::kFloat));
-      u.exp_avg_sq = torch::zeros({opt_numel(u)}, host_opts(torch::kFloat));
-      u.host_grad = torch::zeros({opt_numel(u)}, host_opts(torch::kFloat));
-      // Gradients come down through `staging`; updated parameters go up from it, or,
-      // with parameter offload, the optimizer writes them straight into the host shard.
-      u.staging = torch::empty({opt_numel(u)}, host_opts(work_dtype_));
+      // Gradients come down into `staging` and the optimizer writes the updated parameters over
+      // them for the upload, or, with parameter offload, straight into the host shard.
+      u.staging = torch::empty({n}, host_opts(work_dtype_));
+      // With GAS > 1, stages 2-3 accumulate the reduced shards on the GPU until the last micro-batch.
+      if (stage >= 2 && cfg_.gas > 1) u.grad_acc = torch::zeros({shard}, work_opts());
     } else {
       if (fp32) {
         // fp32 training: the working copy is the master copy (no duplicate).
-        u.master = stage == 3 ? u.shard : u.full.narrow(0, opt_offset(u), opt_numel(u));
+        u.master = stage == 3 ? u.shard : u.full.narrow(0, opt_offset(u), n);
       } else {
         u.master = own.clone();
       }
-      u.exp_avg = torch::zeros({opt_numel(u)}, torch::dtype(torch::kFloat).device(rt_.device()));
-      u.exp_avg_sq = torch::zeros_like(u.exp_avg);
       if (stage >= 2) u.grad_acc = torch::zeros({shard}, work_opts());
+    }
+    u.exp_avg = torch::zeros({n - u.n8}, state(torch::kFloat));
+    u.exp_avg_sq = torch::zeros({n - u.n8}, state(torch::kFloat));
+    if (u.n8 > 0) {
+      u.code_m = torch::zeros({u.n8}, state(torch::kByte));
+      u.code_v = torch::zeros({u.n8}, state(torch::kByte));
+      u.absmax_m = torch::zeros({quant8::num_blocks(u.n8)}, state(torch::kFloat));
+      u.absmax_v = torch::zeros({quant8::num_blocks(u.n8)}, state(torch::kFloat));
     }
   }
   rt_.synchronize();
@@ -165,8 +188,11 @@ void ZeroEngine::reduce_unit(size_t i, bool boundary) {
   // Reduce-scatter in place: this rank's shard of the sum lands in its own slice.
   torch::Tensor own = u.full_grad.narrow(0, rank_ * shard, shard);
   comm_.reduce_scatter_sum(u.full_grad, own);
-  if (offload()) {
+  if (offload() && boundary) {
+    // The shard is complete: down to the host, and the CPU optimizer takes it from there.
+    if (u.grad_acc.defined()) rt_.add_inplace_on_comm(own, u.grad_acc);
     rt_.copy_to_host_on_comm(u.staging, own);
+    enqueue_cpu_update(i);
   } else if (stage >= 2) {
     rt_.add_inplace_on_comm(u.grad_acc, own);
   }
@@ -178,43 +204,90 @@ void ZeroEngine::reduce_unit(size_t i, bool boundary) {
   }
 }
 
-void ZeroEngine::host_accumulate(bool first_micro) {
-  // Offloaded gradient shards arrived in the pinned staging buffers: sum them
-  // in fp32 on the host (overwrite on the first micro-batch).
-  rt_.synchronize();
-  for (Unit& u : units_)
-    cpu_accumulate(u.host_grad.data_ptr<float>(), u.staging.data_ptr(), kdtype(work_dtype_), u.host_grad.numel(),
-                   first_micro);
+// --- optimizer ------------------------------------------------------------------
+void ZeroEngine::update_unit(Unit& u, const void* grad, void* out, bool on_cpu) {
+  const kernels::DType dt = kdtype(work_dtype_);
+  const int64_t n = opt_numel(u), n8 = u.n8, esize = work_dtype_ == torch::kBFloat16 ? 2 : 4;
+  float* master = u.master.data_ptr<float>();
+  if (n8 > 0) {
+    if (on_cpu)
+      cpu_adamw8bit(master, u.code_m.data_ptr<uint8_t>(), u.code_v.data_ptr<uint8_t>(), u.absmax_m.data_ptr<float>(),
+                    u.absmax_v.data_ptr<float>(), grad, dt, out, dt, n8, step_args_);
+    else
+      kernels::adamw8bit(master, u.code_m.data_ptr<uint8_t>(), u.code_v.data_ptr<uint8_t>(),
+                         u.absmax_m.data_ptr<float>(), u.absmax_v.data_ptr<float>(), grad, dt, out, dt, n8,
+                         step_args_, quant8::signed_magnitudes(), quant8::unsigned_map(), nullptr);
+  }
+  if (n == n8) return;
+  const void* g32 = static_cast<const char*>(grad) + n8 * esize;
+  void* o32 = out ? static_cast<char*>(out) + n8 * esize : nullptr;
+  if (on_cpu)
+    cpu_adamw(master + n8, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt, n - n8,
+              step_args_);
+  else
+    kernels::adamw(master + n8, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt,
+                   n - n8, step_args_, nullptr);
 }
 
-// --- optimizer ------------------------------------------------------------------
 void ZeroEngine::optimizer_step() {
-  kernels::AdamWArgs args = opts_.adamw;
-  args.step = step_;
-  args.grad_scale = 1.0f / static_cast<float>(world_ * cfg_.gas);
+  // Without offload: every unit's shard on the device (the CPU runtime's "device" is the CPU).
   const int stage = cfg_.zero_stage;
   const bool fp32 = work_dtype_ == torch::kFloat;
   for (Unit& u : units_) {
     const int64_t off = opt_offset(u), n = opt_numel(u);
-    if (offload()) {
-      torch::Tensor& dst = param_offload() ? u.shard : u.staging;
-      cpu_adamw(u.master.data_ptr<float>(), u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(),
-                u.host_grad.data_ptr<float>(), dst.data_ptr(), kdtype(work_dtype_), n, args);
-      continue;
-    }
     torch::Tensor grad = stage >= 2 ? u.grad_acc : u.full_grad.narrow(0, off, n);
     torch::Tensor out;
     if (!fp32) out = stage == 3 ? u.shard : u.full.narrow(0, off, n);
-    if (rt_.is_cuda()) {
-      kernels::adamw(u.master.data_ptr<float>(), u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(),
-                     grad.data_ptr(), kdtype(work_dtype_), out.defined() ? out.data_ptr() : nullptr,
-                     kdtype(work_dtype_), n, args, nullptr);
-    } else {
-      torch::Tensor g32 = grad.to(torch::kFloat).contiguous();
-      cpu_adamw(u.master.data_ptr<float>(), u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(),
-                g32.data_ptr<float>(), out.defined() ? out.data_ptr() : nullptr, kdtype(work_dtype_), n, args);
-    }
+    update_unit(u, grad.data_ptr(), out.defined() ? out.data_ptr() : nullptr, !rt_.is_cuda());
   }
+}
+
+// --- the offload pipeline's worker -------------------------------------------------
+void ZeroEngine::enqueue_cpu_update(size_t i) {
+  std::function<void()> wait = rt_.host_waiter(rt_.record_comm_event());
+  {
+    std::lock_guard<std::mutex> lock(worker_.mu);
+    worker_.queue.emplace_back(i, std::move(wait));
+  }
+  worker_.cv.notify_all();
+}
+
+void ZeroEngine::worker_loop() {
+  for (;;) {
+    std::pair<size_t, std::function<void()>> job;
+    {
+      std::unique_lock<std::mutex> lock(worker_.mu);
+      worker_.cv.wait(lock, [&] { return worker_.stop || !worker_.queue.empty(); });
+      if (worker_.stop) return;
+      job = std::move(worker_.queue.front());
+      worker_.queue.pop_front();
+    }
+    double seconds = 0;
+    try {
+      job.second();  // the unit's gradient shard has reached the host
+      const auto t0 = std::chrono::steady_clock::now();
+      Unit& u = units_[job.first];
+      void* out = param_offload() ? u.shard.data_ptr() : u.staging.data_ptr();
+      update_unit(u, u.staging.data_ptr(), out, /*on_cpu=*/true);
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(worker_.mu);
+      if (!worker_.error) worker_.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(worker_.mu);
+      worker_.cpu_s += seconds;
+      worker_.done.push_back(job.first);
+    }
+    worker_.cv.notify_all();
+  }
+}
+
+size_t ZeroEngine::wait_cpu_update(size_t count) {
+  std::unique_lock<std::mutex> lock(worker_.mu);
+  worker_.cv.wait(lock, [&] { return worker_.done.size() > count; });
+  if (worker_.error) std::rethrow_exception(worker_.error);
+  return worker_.done[count];
 }
 
 // --- one step -------------------------------------------------------------------
@@ -233,10 +306,18 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   torch::Tensor loss_sum = torch::zeros({1}, torch::dtype(torch::kFloat).device(rt_.device()));
   std::vector<std::pair<int, int>> fwd_waits, bwd_waits;
   struct MicroMarks {
-    int start, fwd_end, bwd_end, comm_done, host_done;
+    int start, fwd_end, bwd_end, comm_done;
   };
   std::vector<MicroMarks> marks;
   int m_last_micro = m_step;
+  step_args_ = opts_.adamw;
+  step_args_.step = step_;
+  step_args_.grad_scale = 1.0f / static_cast<float>(world_ * cfg_.gas);
+  if (offload()) {
+    std::lock_guard<std::mutex> lock(worker_.mu);
+    worker_.done.clear();
+    worker_.cpu_s = 0;
+  }
 
   for (int64_t mb = 0; mb < cfg_.gas; ++mb) {
     const bool boundary = mb == cfg_.gas - 1;
@@ -305,30 +386,35 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
     rt_.compute_waits_for_comm();
     mm.comm_done = rt_.mark();
     drain_pending(0);
-    if (offload() && (stage >= 2 || boundary)) host_accumulate(mb == 0 || stage == 1);
-    mm.host_done = rt_.mark();
     marks.push_back(mm);
   }
 
   // Optimizer step on this rank's shard, then the parameters come back.
-  if (offload()) rt_.synchronize();
   const int m_opt = rt_.mark();
-  optimizer_step();
-  const int m_opt_end = rt_.mark();
-  for (Unit& u : units_) {
-    if (offload() && !param_offload()) {
-      torch::Tensor dst = stage == 3 ? u.shard : u.full.narrow(0, opt_offset(u), opt_numel(u));
-      rt_.copy_to_device(dst, u.staging);
+  int m_opt_end = m_opt;
+  if (offload()) {
+    // The worker has been updating units since their gradients reached the host: each one
+    // it finishes goes back up (and is all-gathered) on the communication stream.
+    for (size_t count = 0; count < n_units; ++count) {
+      Unit& u = units_[wait_cpu_update(count)];
+      torch::Tensor own;
+      if (stage <= 2) own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+      if (!param_offload()) rt_.copy_to_device_on_comm(stage == 3 ? u.shard : own, u.staging);
+      if (stage <= 2) comm_.all_gather(own, u.full);
     }
-  }
-  const int m_upload = rt_.mark();
-  if (stage == 1 || stage == 2) {
-    rt_.comm_waits_for_compute();
-    for (Unit& u : units_) {
-      torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
-      comm_.all_gather(own, u.full);
-    }
+    m_opt_end = rt_.mark();  // the compute stream reaches it once the last CPU update is done
     rt_.compute_waits_for_comm();
+  } else {
+    optimizer_step();
+    m_opt_end = rt_.mark();
+    if (stage == 1 || stage == 2) {
+      rt_.comm_waits_for_compute();
+      for (Unit& u : units_) {
+        torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+        comm_.all_gather(own, u.full);
+      }
+      rt_.compute_waits_for_comm();
+    }
   }
   const int m_end = rt_.mark();
 
@@ -348,15 +434,20 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   for (const MicroMarks& mm : marks) {
     t.forward += rt_.elapsed_s(mm.start, mm.fwd_end);
     t.backward += rt_.elapsed_s(mm.fwd_end, mm.bwd_end);
+    // With offload, the last micro-batch's exposed tail also holds the copies to the host.
     t.grad_comm += rt_.elapsed_s(mm.bwd_end, mm.comm_done);
-    t.offload_transfer += rt_.elapsed_s(mm.comm_done, mm.host_done);
   }
   t.forward -= fwd_wait;
   t.backward -= bwd_wait;
   t.param_gather = fwd_wait + bwd_wait;
-  t.optimizer = rt_.elapsed_s(m_opt, m_opt_end);
-  t.offload_transfer += rt_.elapsed_s(m_opt_end, m_upload);
-  t.grad_comm += rt_.elapsed_s(m_upload, m_end);
+  t.optimizer = rt_.elapsed_s(m_opt, m_opt_end);  // exposed: with offload, what the backward did not hide
+  if (offload()) {
+    t.offload_transfer += rt_.elapsed_s(m_opt_end, m_end);  // the last uploads (and all-gathers)
+    std::lock_guard<std::mutex> lock(worker_.mu);
+    t.optimizer_cpu = worker_.cpu_s;
+  } else {
+    t.grad_comm += rt_.elapsed_s(m_opt_end, m_end);
+  }
   t.step = rt_.elapsed_s(m_step, m_end);
   t.gas = rt_.elapsed_s(m_step, m_last_micro);
   t.opt = t.step - t.gas;
@@ -386,11 +477,8 @@ torch::Tensor ZeroEngine::full_params_fp32() {
 void ZeroEngine::save(const std::string& dir) {
   fs::create_directories(dir);
   std::vector<torch::Tensor> tensors;
-  for (Unit& u : units_) {
-    tensors.push_back(u.master.to(torch::kCPU).clone());
-    tensors.push_back(u.exp_avg.to(torch::kCPU).clone());
-    tensors.push_back(u.exp_avg_sq.to(torch::kCPU).clone());
-  }
+  for (Unit& u : units_)
+    for (torch::Tensor* t : state_tensors(u)) tensors.push_back(t->to(torch::kCPU).clone());
   tensors.push_back(torch::tensor({step_}, torch::kLong));
   const fs::path final_path = fs::path(dir) / ("rank" + std::to_string(rank_) + ".pt");
   const fs::path tmp = fs::path(dir) / (".rank" + std::to_string(rank_) + ".pt.tmp");
@@ -406,22 +494,30 @@ void ZeroEngine::load(const std::string& dir) {
                      " (was it saved with the same number of ranks?)");
   std::vector<torch::Tensor> tensors;
   torch::load(tensors, path.string());
-  if (tensors.size() != 3 * units_.size() + 1)
+  size_t expected = 1;
+  for (Unit& u : units_) expected += state_tensors(u).size();
+  if (tensors.size() != expected)
     throw InputError(path.string() + ": checkpoint holds " + std::to_string(tensors.size()) +
-                     " tensors, this model and stage need " + std::to_string(3 * units_.size() + 1));
-  for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = units_[i];
-    for (int k = 0; k < 3; ++k) {
-      torch::Tensor& dst = k == 0 ? u.master : (k == 1 ? u.exp_avg : u.exp_avg_sq);
-      const torch::Tensor& src = tensors[3 * i + static_cast<size_t>(k)];
-      if (src.numel() != dst.numel())
+                     " tensors, this model, stage and optimizer need " + std::to_string(expected));
+  size_t k = 0;
+  for (Unit& u : units_) {
+    for (torch::Tensor* dst : state_tensors(u)) {
+      const torch::Tensor& src = tensors[k++];
+      if (src.numel() != dst->numel() || src.scalar_type() != dst->scalar_type())
         throw InputError(path.string() + ": unit " + u.layout->name + " has " + std::to_string(src.numel()) +
-                         " values, expected " + std::to_string(dst.numel()) + " (same model, stage and ranks?)");
-      dst.copy_(src);
+                         " values, expected " + std::to_string(dst->numel()) +
+                         " (same model, stage, optimizer and ranks?)");
+      dst->copy_(src);
     }
   }
   step_ = tensors.back().item<int64_t>();
   refresh_working_from_master();
+}
+
+std::vector<torch::Tensor*> ZeroEngine::state_tensors(Unit& u) {
+  std::vector<torch::Tensor*> out{&u.master, &u.exp_avg, &u.exp_avg_sq};
+  if (u.n8 > 0) out.insert(out.end(), {&u.code_m, &u.code_v, &u.absmax_m, &u.absmax_v});
+  return out;
 }
 
 void ZeroEngine::refresh_working_from_master() {

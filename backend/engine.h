@@ -12,13 +12,30 @@
 // Stage 3  parameters sharded too: each unit is all-gathered before its forward
 //          and again before its backward (prefetching the next), then freed.
 // Communication runs on its own stream, unit by unit, overlapping the compute.
+//
+// CPU optimizer offload (stages 1-3) is a pipeline: with GAS > 1 gradient
+// shards accumulate on the GPU (stages 2-3) or in the full gradient (stage 1);
+// on the last micro-batch each unit's reduced shard is copied to pinned host
+// memory as soon as its backward is done, a worker thread runs the CPU AdamW
+// on it while the backward of the earlier units continues, and the updated
+// parameters go back up (and, at stages 1-2, are all-gathered) unit by unit
+// as the worker finishes them.
+//
+// Optimizers: AdamW with fp32 states, or 8-bit AdamW (block-wise quantised
+// moments, quant8.h) on the GPU or on the CPU; parameters of small tensors
+// keep 32-bit states (the layout puts them last in each unit).
 #pragma once
 
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/collectives.h"
@@ -41,6 +58,7 @@ struct StepTiming {
   double step = 0, gas = 0, opt = 0;
   double forward = 0, backward = 0;  // backward includes the recomputation with checkpointing
   double grad_comm = 0, param_gather = 0, offload_transfer = 0, optimizer = 0;  // exposed
+  double optimizer_cpu = 0;  // offload: the CPU optimizer's own time, hidden or not
 };
 
 struct StepResult {
@@ -67,6 +85,9 @@ struct InjectedFault {
 class ZeroEngine {
  public:
   ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runtime& runtime, Collectives& comm);
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
 
   // One optimizer step over `micro_batches` (GAS of them), each (B, S + 1) int64 tokens on the device.
   StepResult train_step(const std::vector<torch::Tensor>& micro_batches);
@@ -90,9 +111,11 @@ class ZeroEngine {
     torch::Tensor full_grad;  // stage 0/1: persistent; stage 2/3: one micro-batch's, transient
     torch::Tensor shard;      // stage 3: this rank's working-precision parameters (host with param offload)
     torch::Tensor grad_acc;   // stage 2/3 on the GPU: this rank's accumulated gradient shard
-    torch::Tensor host_grad;  // offload: fp32 gradient accumulator on the host
-    torch::Tensor staging;    // offload: pinned working-precision shard (gradients down, parameters up)
-    torch::Tensor master, exp_avg, exp_avg_sq;  // fp32 optimizer shard (host with offload)
+    torch::Tensor staging;    // offload: pinned working-precision shard (gradients down, parameters up, in place)
+    torch::Tensor master;     // fp32 master shard (host with offload)
+    torch::Tensor exp_avg, exp_avg_sq;  // fp32 moments of the 32-bit range [n8, n) (all of it for AdamW)
+    torch::Tensor code_m, code_v, absmax_m, absmax_v;  // 8-bit AdamW: moments of [0, n8)
+    int64_t n8 = 0;           // leading parameters of the shard with 8-bit states
     bool gathered = false;
     int ready_event = -1;
   };
@@ -119,8 +142,13 @@ class ZeroEngine {
   void prepare_grads(size_t u);
   void reduce_unit(size_t u, bool boundary);
   void drain_pending(size_t keep);
-  void host_accumulate(bool first_micro);
   void optimizer_step();
+  void update_unit(Unit& u, const void* grad, void* out, bool on_cpu);
+  std::vector<torch::Tensor*> state_tensors(Unit& u);
+  // The offload pipeline's worker.
+  void enqueue_cpu_update(size_t u);
+  size_t wait_cpu_update(size_t count);  // blocks until `count` + 1 units are done; returns that unit
+  void worker_loop();
 
   ModelSpec spec_;
   TrainConfig cfg_;
@@ -131,6 +159,17 @@ class ZeroEngine {
   std::vector<UnitLayout> layout_;
   std::vector<Unit> units_;
   std::deque<Pending> pending_;
+  kernels::AdamWArgs step_args_;
+  struct Worker {
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::pair<size_t, std::function<void()>>> queue;  // unit, wait for its gradient
+    std::vector<size_t> done;
+    double cpu_s = 0;
+    bool stop = false;
+    std::exception_ptr error;
+  } worker_;
   torch::ScalarType work_dtype_;
   int64_t step_ = 0;
   int rank_, world_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/kernels.h"
+#include "backend/quant8.h"
 
 namespace stepcast::backend::kernels {
 
@@ -56,7 +57,122 @@ int blocks_for(int64_t n, int threads) {
   return static_cast<int>(b < 132 * 16 ? (b < 1 ? 1 : b) : 132 * 16);
 }
 
+// --- 8-bit AdamW ------------------------------------------------------------------
+constexpr int kQ8Threads = 256;
+
+// quant8::encode_magnitude / decode_magnitude, the same operations on the device.
+__device__ inline int q8_encode(const Quant8Map& m, float y) {
+  y = fminf(fmaxf(y, 0.0f), 1.0f);
+  if (y < m.zero_threshold) return 0;
+  int i = 0;
+  for (int k = 0; k + 1 < m.bits; ++k) i += y >= m.threshold[k] ? 1 : 0;
+  const float t = __fmul_rn(__fsub_rn(y, m.first[i]), m.inv_step[i]);
+  int j = __float2int_rn(t);
+  const int last = (1 << i) - 1;
+  j = j < 0 ? 0 : (j > last ? last : j);
+  return (1 << i) + j;
+}
+
+__device__ inline float q8_decode(const Quant8Map& m, int code) {
+  if (code == 0) return 0.0f;
+  const int i = 31 - __clz(code);
+  return __fmaf_rn(static_cast<float>(code - (1 << i)), m.step[i], m.first[i]);
+}
+
+template <int kPerThread, class G, class P>
+__global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict__ master, uint8_t* __restrict__ qm,
+                                                              uint8_t* __restrict__ qv, float* __restrict__ am,
+                                                              float* __restrict__ av, const G* __restrict__ grad,
+                                                              P* __restrict__ out, int64_t n, AdamWArgs a,
+                                                              float bc1, float bc2_sqrt, const Quant8Map smap,
+                                                              const Quant8Map umap) {
+  __shared__ float red_m[kQ8Threads / 32], red_v[kQ8Threads / 32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPerThread * kQ8Threads;
+  const float am_old = am[blockIdx.x], av_old = av[blockIdx.x];
+  const float step_size = a.lr / bc1, decay = 1.0f - a.lr * a.weight_decay;
+  float m_new[kPerThread], v_new[kPerThread];
+  float max_m = 0.0f, max_v = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int64_t i = base + k * kQ8Threads + threadIdx.x;
+    m_new[k] = v_new[k] = 0.0f;
+    if (i >= n) continue;
+    const int cm = qm[i], cv = qv[i];
+    const float mag = q8_decode(smap, cm & 0x7F);
+    const float m_old = ((cm & 0x80) ? -mag : mag) * am_old;
+    const float v_old = q8_decode(umap, cv) * av_old;
+    const float g = load(grad, i) * a.grad_scale;
+    float p = master[i] * decay;
+    const float mi = a.beta1 * m_old + (1.0f - a.beta1) * g;
+    const float vi = a.beta2 * v_old + (1.0f - a.beta2) * g * g;
+    p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + a.eps);
+    master[i] = p;
+    if (out) store(out, i, p);
+    m_new[k] = mi;
+    v_new[k] = vi;
+    max_m = fmaxf(max_m, fabsf(mi));
+    max_v = fmaxf(max_v, vi);
+  }
+  // Block-wide absmax of the new moments.
+  for (int off = 16; off > 0; off >>= 1) {
+    max_m = fmaxf(max_m, __shfl_xor_sync(0xffffffffu, max_m, off));
+    max_v = fmaxf(max_v, __shfl_xor_sync(0xffffffffu, max_v, off));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    red_m[threadIdx.x >> 5] = max_m;
+    red_v[threadIdx.x >> 5] = max_v;
+  }
+  __syncthreads();
+  max_m = 0.0f;
+  max_v = 0.0f;
+  for (int w = 0; w < kQ8Threads / 32; ++w) {
+    max_m = fmaxf(max_m, red_m[w]);
+    max_v = fmaxf(max_v, red_v[w]);
+  }
+  const float inv_m = max_m > 0.0f ? 1.0f / max_m : 0.0f, inv_v = max_v > 0.0f ? 1.0f / max_v : 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int64_t i = base + k * kQ8Threads + threadIdx.x;
+    if (i >= n) continue;
+    const float ym = m_new[k] * inv_m, yv = v_new[k] * inv_v;
+    int cm = q8_encode(smap, fabsf(ym));
+    if (signbit(ym)) cm |= 0x80;
+    int cv = q8_encode(umap, yv);
+    if (cv == 0 && yv > 0.0f) cv = 1;  // a positive second moment never becomes 0
+    qm[i] = static_cast<uint8_t>(cm);
+    qv[i] = static_cast<uint8_t>(cv);
+  }
+  if (threadIdx.x == 0) {
+    am[blockIdx.x] = max_m;
+    av[blockIdx.x] = max_v;
+  }
+}
+
 }  // namespace
+
+void adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad, DType grad_dtype,
+               void* param_out, DType param_dtype, int64_t n, const AdamWArgs& a, const Quant8Map& smap,
+               const Quant8Map& umap, void* stream) {
+  if (n == 0) return;
+  constexpr int kPerThread = 8;
+  constexpr int64_t kBlockValues = kPerThread * kQ8Threads;
+  static_assert(kBlockValues == quant8::kBlock, "one CUDA block per quantisation block");
+  auto s = static_cast<cudaStream_t>(stream);
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
+  const float bc2_sqrt =
+      std::sqrt(1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step))));
+  const int blocks = static_cast<int>((n + kBlockValues - 1) / kBlockValues);
+  const bool g16 = grad_dtype == DType::kBFloat16, p16 = param_dtype == DType::kBFloat16;
+#define Q8_LAUNCH(G, P)                                                                                        \
+  adamw8bit_kernel<kPerThread><<<blocks, kQ8Threads, 0, s>>>(master, qm, qv, am, av, static_cast<const G*>(grad), \
+                                                             static_cast<P*>(param_out), n, a, bc1, bc2_sqrt, smap, umap)
+  if (g16 && p16) Q8_LAUNCH(__nv_bfloat16, __nv_bfloat16);
+  else if (g16) Q8_LAUNCH(__nv_bfloat16, float);
+  else if (p16) Q8_LAUNCH(float, __nv_bfloat16);
+  else Q8_LAUNCH(float, float);
+#undef Q8_LAUNCH
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void add_inplace(void* dst, const void* src, int64_t n, DType dtype, void* stream) {
   if (n == 0) return;

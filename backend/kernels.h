@@ -25,4 +25,21 @@ struct AdamWArgs {
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
            void* param_out, DType param_dtype, int64_t n, const AdamWArgs& args, void* stream);
 
+// One dynamic quantisation map of 8-bit AdamW (quant8.h): per level i, its
+// first point, spacing and the threshold to the next level (16 slots, so
+// that a SIMD permute reads them).
+struct Quant8Map {
+  int bits;
+  float first[16], step[16], inv_step[16], threshold[16];
+  float zero_threshold;  // below it: code 0
+};
+
+// 8-bit AdamW (Dettmers et al. 2022) over n parameters with block-wise
+// quantised moments: one CUDA block per quantisation block. Same arithmetic
+// and encoding as cpu_adamw8bit.
+void adamw8bit(float* master, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code, float* exp_avg_absmax,
+               float* exp_avg_sq_absmax, const void* grad, DType grad_dtype, void* param_out, DType param_dtype,
+               int64_t n, const AdamWArgs& args, const Quant8Map& signed_map, const Quant8Map& unsigned_map,
+               void* stream);
+
 }  // namespace stepcast::backend::kernels

@@ -1,5 +1,8 @@
 #include "backend/layout.h"
 
+#include <algorithm>
+
+#include "backend/quant8.h"
 #include "model/errors.h"
 
 namespace stepcast::backend {
@@ -25,7 +28,19 @@ class UnitBuilder {
     unit_.numel += n;
   }
   UnitLayout finish(int world) {
-    const int64_t align = 64 * world;  // shards start 64-element aligned
+    // Small tensors last, so that each shard splits into one 8-bit range and one 32-bit range.
+    std::stable_partition(unit_.params.begin(), unit_.params.end(),
+                          [](const ParamSlot& p) { return p.numel >= quant8::kMinNumel; });
+    int64_t offset = 0;
+    unit_.small_begin = -1;
+    for (ParamSlot& p : unit_.params) {
+      if (p.numel < quant8::kMinNumel && unit_.small_begin < 0) unit_.small_begin = offset;
+      p.offset = offset;
+      offset += p.numel;
+    }
+    if (unit_.small_begin < 0) unit_.small_begin = unit_.numel;
+    // Shards start on a quantisation block, so that 8-bit AdamW's blocks are the same at every stage.
+    const int64_t align = quant8::kBlock * world;
     unit_.world = world;
     unit_.padded_numel = (unit_.numel + align - 1) / align * align;
     return unit_;

@@ -27,7 +27,10 @@ struct UnitLayout {
   std::string name;
   std::vector<ParamSlot> params;
   int64_t numel = 0;         // parameters
-  int64_t padded_numel = 0;  // rounded up to a multiple of the world size (and 64)
+  int64_t padded_numel = 0;  // rounded up to a multiple of world size x 2048 (8-bit AdamW's block)
+  // Parameters of tensors under quant8::kMinNumel come last, from here on:
+  // 8-bit AdamW keeps 32-bit states for [small_begin, padded_numel).
+  int64_t small_begin = 0;
   int64_t shard_numel() const { return padded_numel / world; }
   int64_t world = 1;
   const ParamSlot& param(const std::string& name) const;

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,8 @@ class Runtime {
   virtual void compute_waits_for_event(int event) = 0;
   virtual bool event_done(int event) = 0;
   virtual void host_waits_for_event(int event) = 0;
+  // A function another thread may call to wait for `event` (valid until the next reset_markers()).
+  virtual std::function<void()> host_waiter(int event) = 0;
   virtual void compute_waits_for_comm() = 0;
   virtual void* comm_stream() = 0;            // cudaStream_t, or nullptr on the CPU
   virtual void synchronize() = 0;             // host waits for both streams

@@ -76,6 +76,10 @@ class CudaRuntime final : public Runtime {
     return true;
   }
   void host_waits_for_event(int e) override { CUDA_CHECK(cudaEventSynchronize(events_.at(static_cast<size_t>(e)))); }
+  std::function<void()> host_waiter(int e) override {
+    cudaEvent_t ev = events_.at(static_cast<size_t>(e));  // the handle, not the vector that may grow
+    return [ev] { CUDA_CHECK(cudaEventSynchronize(ev)); };
+  }
   void compute_waits_for_comm() override {
     CUDA_CHECK(cudaEventRecord(sync_event_, comm_));
     CUDA_CHECK(cudaStreamWaitEvent(compute(), sync_event_, 0));

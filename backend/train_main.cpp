@@ -36,6 +36,7 @@ struct Flags {
   std::string offload_optimizer = "none", offload_params = "none", optimizer = "adamw", precision = "bf16",
               checkpointing = "off";
   int64_t micro_batch = 1, gas = 1, seq = 2048, steps = 10, warmup = 2;
+  int cpu_threads = 0;
   double lr = 3e-4, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95;
   uint64_t seed = 1234;
   bool quiet = false;
@@ -112,11 +113,13 @@ int run_rank(const Flags& f, const CLI::App& app) {
   else if (f.device == "auto") use_cuda = torch::cuda::is_available();
   else if (f.device != "cpu") throw InputError("--device \"" + f.device + "\" is not valid (valid: auto, cpu, cuda)");
   std::unique_ptr<Runtime> rt = use_cuda ? Runtime::cuda(rv.local_rank) : Runtime::cpu();
-  // Ranks on one host share its cores (the CPU optimizer and host-side
-  // gradient accumulation run on this rank's share).
+  // Ranks on one host share its cores. With offload, the CPU optimizer runs
+  // during the backward: it leaves one core of the rank's share to the thread
+  // that feeds the GPU.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  at::set_num_threads(std::max(1, cores / std::max(1, local_world)));
-  set_cpu_threads(std::max(1, cores / std::max(1, local_world)));
+  const int share = std::max(1, cores / std::max(1, local_world));
+  at::set_num_threads(share);
+  set_cpu_threads(f.cpu_threads > 0 ? f.cpu_threads : std::max(1, share > 2 ? share - 1 : share));
 
   std::unique_ptr<Collectives> comm;
   if (rv.world == 1) {
@@ -228,7 +231,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
       j["time_s"] = {{"step", r.time.step}, {"gas", cfg.gas > 1 ? nlohmann::json(r.time.gas) : nlohmann::json(nullptr)},
                      {"opt", r.time.opt}, {"forward", r.time.forward}, {"backward", r.time.backward},
                      {"grad_comm", r.time.grad_comm}, {"param_gather", r.time.param_gather},
-                     {"offload_transfer", r.time.offload_transfer}, {"optimizer", r.time.optimizer}};
+                     {"offload_transfer", r.time.offload_transfer}, {"optimizer", r.time.optimizer},
+                     {"optimizer_cpu", r.time.optimizer_cpu}};
       j["throughput"] = {{"tokens_per_s", tps}, {"world_samples_per_s", tps / cfg.seq_len},
                          {"rank_samples_per_s", tps / cfg.seq_len / rv.world}, {"mfu", mfu}};
       j["memory_bytes"] = {{"gpu_peak_allocated", peak}, {"gpu_peak_reserved", reserved},
@@ -266,7 +270,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--stage", f.stage, "ZeRO stage 0..3")->capture_default_str();
   app.add_option("--offload-optimizer", f.offload_optimizer, "none | cpu")->capture_default_str();
   app.add_option("--offload-params", f.offload_params, "none | cpu (stage 3, with --offload-optimizer cpu)")->capture_default_str();
-  app.add_option("--optimizer", f.optimizer, "adamw")->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "adamw or adamw8bit (block-wise 8-bit moments)")->capture_default_str();
   app.add_option("--precision", f.precision, "bf16 | fp32")->capture_default_str();
   app.add_option("--micro-batch", f.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
   app.add_option("--gas", f.gas, "gradient accumulation steps")->capture_default_str();
@@ -274,6 +278,9 @@ int main_impl(int argc, char** argv) {
   app.add_option("--checkpointing", f.checkpointing, "on | off")->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps to run")->capture_default_str();
   app.add_option("--warmup", f.warmup, "first steps flagged as warm-up in the JSONL")->capture_default_str();
+  app.add_option("--cpu-threads", f.cpu_threads,
+                 "threads of each rank's CPU optimizer (default: the rank's share of the cores, less one)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--nproc", f.nproc, "ranks to start on this host (one per GPU, or CPU processes with Gloo)")->capture_default_str();
   app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
   app.add_option("--data", f.data, "a text file (byte-level tokens); random tokens when absent");

@@ -38,7 +38,9 @@ struct RunResidual {
     r[0] = log_ratio(t.step, obs_.step_s, opt_.sigma_step);
     r[1] = log_ratio(t.forward, obs_.forward_s, opt_.sigma_phase);
     r[2] = log_ratio(t.backward + t.recompute, obs_.backward_s, opt_.sigma_phase);
-    r[3] = log_ratio(t.optimizer, obs_.optimizer_s, opt_.sigma_phase);
+    // The optimizer's own time: its exposure under CPU offload is in the step residual.
+    r[3] = log_ratio(obs_.features.step.opt_on_cpu > 0.0 ? t.optimizer_total : t.optimizer, obs_.optimizer_s,
+                     opt_.sigma_phase);
     r[4] = log_ratio(m.gpu_total, obs_.gpu_memory_bytes, opt_.sigma_memory);
     return true;
   }
@@ -83,7 +85,7 @@ Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
   o.step_s = r.step_s;
   o.forward_s = r.forward_s;
   o.backward_s = r.backward_s;
-  o.optimizer_s = r.optimizer_s;
+  o.optimizer_s = r.optimizer_total_s;
   o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
   return o;
 }

@@ -21,6 +21,7 @@ struct RunRecord {
   // Medians over the measured steps, seconds / bytes.
   double step_s = 0, gas_s = 0, opt_s = 0, forward_s = 0, backward_s = 0, grad_comm_s = 0, param_gather_s = 0,
          offload_transfer_s = 0, optimizer_s = 0;
+  double optimizer_total_s = 0;  // the optimizer's own time: with CPU offload, hidden or not
   double gpu_peak_reserved_bytes = 0;
   double tokens_per_s = 0;
 };

@@ -47,6 +47,10 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "achieved fraction of the profile's pinned PCIe bandwidth"},
     {kOffloadOverlapFrac, "offload_overlap_frac", 0.0, 1.0, 0.50, "1",
      "share of backward time that can hide gradient copies to the host"},
+    // The backend's offload pipeline starts the CPU optimizer on each unit as soon as its
+    // gradient shard is on the host: most of the last micro-batch's backward can hide it.
+    {kCpuOptOverlapFrac, "cpu_opt_overlap_frac", 0.0, 1.0, 0.80, "1",
+     "share of the last micro-batch's backward that hides the pipelined CPU optimizer"},
     // torch fused AdamW, fp32, 1 Gi params in 9.0 ms = 28 B/param * 1.07e9 /
     // 9.0e-3 s = 3.34 TB/s of 4.8 TB/s = 0.70.
     {kGpuOptBwEffFrac, "gpu_opt_bw_eff_frac", 0.05, 1.0, 0.70, "1",

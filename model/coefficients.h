@@ -31,6 +31,7 @@ enum Coef : int {
   // --- offload --------------------------------------------------------------
   kPcieEffFrac,              // achieved fraction of the pinned PCIe bandwidth
   kOffloadOverlapFrac,       // share of backward time that can hide gradient copies to the host
+  kCpuOptOverlapFrac,        // share of the last backward that hides the pipelined CPU optimizer
   // --- optimizer ------------------------------------------------------------
   kGpuOptBwEffFrac,          // GPU optimizer: achieved fraction of HBM bandwidth
   kCpuCoreBytesPerSPerLane,  // CPU optimizer: streaming rate of one core per fp32 SIMD lane

@@ -19,12 +19,13 @@ constexpr double k8bitStateBytes = 2.0 + 2.0 * 4.0 / k8bitBlock;
 
 // Memory traffic of one AdamW update, per parameter (REFERENCE.md section 4):
 // read master, m, v and the gradient; write master, m, v; plus the 16-bit copy
-// of the updated parameter when training in mixed precision.
+// of the updated parameter when training in mixed precision. On the CPU the
+// gradient is read as it came down (working precision, no host accumulator)
+// and the updated parameter is written over it in the pinned buffer: 28 B
+// for bf16 AdamW, 16 B for 8-bit.
 double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu) {
   const bool mixed = precision != Precision::kFp32;
-  // GPU: the gradient is read in the working precision. CPU: the host keeps an
-  // fp32 gradient accumulator (offloaded shards arrive as 16-bit, are summed in fp32).
-  const double grad = on_cpu ? 4.0 : working_bytes(precision);
+  const double grad = working_bytes(precision);
   const double moments = opt == OptimizerKind::kAdamW ? 8.0 : k8bitStateBytes;
   double bytes = grad + 4.0 /*master read*/ + 4.0 /*master write*/ + 2.0 * moments;
   if (mixed) bytes += 2.0;          // 16-bit copy of the updated parameter
@@ -183,14 +184,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // --- offload -----------------------------------------------------------------
   const double shard_params = stage >= 1 ? params / n : params;
   if (offload_opt) {
-    if (stage == 1) f.d2h_bytes_boundary = shard_params * wb;
-    else f.d2h_bytes_micro = shard_params * wb;
+    // The backend accumulates gradients on the GPU and copies each shard down once, on the
+    // last micro-batch, where the CPU optimizer pipelines over the units as they arrive.
+    f.d2h_bytes_boundary = shard_params * wb;
     f.h2d_bytes_step = offload_par ? 0.0 : shard_params * wb;  // with param offload, the update lands on the host copy
-    // The host sums each arriving shard into an fp32 accumulator: read the
-    // 16-bit shard and the accumulator, write the accumulator (wb + 4 + 4 B).
-    const double accum = shard_params * (wb + 8.0);
-    if (stage == 1) f.host_accum_bytes_boundary = accum;
-    else f.host_accum_bytes_micro = accum;
+    f.opt_pipeline_units = L + 2.0;
   }
   if (offload_par) f.param_h2d_bytes_micro = 2.0 * (params / n) * wb;
   f.h2d_bytes_per_s = hw.host.h2d_bytes_per_s;
@@ -227,11 +225,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const double g_shard = stage >= 2 ? params / n : params;
   const double os_shard = stage >= 1 ? params / n : params;
   mem.gpu_params_bytes = offload_par ? 0.0 : p_shard * wb;
-  mem.gpu_grads_bytes = (offload_opt && stage >= 2) ? 0.0 : g_shard * wb;
+  // With offload at stages 2-3 a gradient shard stays on the GPU only to accumulate over GAS.
+  mem.gpu_grads_bytes = (offload_opt && stage >= 2 && c.gas == 1) ? 0.0 : g_shard * wb;
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
-  if (offload_opt && stage >= 2) buffers += 2.0 * bucket * wb;  // gradient staging for the copy down
   if (stage == 3) {
     const double unit = std::max(static_cast<double>(spec.params_per_layer()),
                                  static_cast<double>(spec.vocab_size) * spec.embed_dim());
@@ -250,8 +248,8 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   mem.logit_bytes = wb;
   if (offload_opt) {
     mem.host_opt_states_bytes = os_shard * state_bytes;
-    mem.host_grads_bytes = os_shard * 4.0;  // fp32 gradient accumulator for the CPU step
-    mem.host_pinned_buffers_bytes = 2.0 * bucket * wb + (offload_par ? 0.0 : os_shard * wb);
+    mem.host_grads_bytes = 0.0;  // the gradient lands in the pinned staging shard below
+    mem.host_pinned_buffers_bytes = os_shard * wb;  // gradients down, updated parameters up, in place
   }
   if (offload_par) mem.host_params_bytes = (params / n) * wb;
   mem.ranks_per_node = c.gpus_per_node;

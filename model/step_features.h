@@ -47,15 +47,14 @@ struct StepFeatures {
   double link_is_inter_node = 0;    // 1 when the ring crosses nodes
   double extra_latency_s = 0;       // inter-node latency added to each call
   // --- offload traffic (PCIe) ----------------------------------------------
-  double d2h_bytes_micro = 0;       // gradient shards to the host, each micro-batch
+  double d2h_bytes_micro = 0;       // gradient shards to the host, each micro-batch (not in the backend)
   double d2h_bytes_boundary = 0;    // gradient shard to the host, last micro-batch only
   double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
-  // Host-side fp32 accumulation of offloaded gradient shards (CPU memory traffic, all ranks of a node).
-  double host_accum_bytes_micro = 0, host_accum_bytes_boundary = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;
+  double opt_pipeline_units = 1;    // offload: units the CPU optimizer pipelines over (layers + 2)
   double opt_params_rank = 0;       // parameters this rank updates
   double opt_bytes_per_param = 0;   // memory traffic of one update
   double opt_flops_per_param = 0;
@@ -78,7 +77,7 @@ struct MemoryFeatures {
   double logit_bytes = 0;              // bytes of one logit element (2 or 4)
   // host, per rank (bytes)
   double host_opt_states_bytes = 0;
-  double host_grads_bytes = 0;
+  double host_grads_bytes = 0;         // host gradient accumulators (none: shards accumulate on the GPU)
   double host_params_bytes = 0;        // stage-3 parameter offload
   double host_pinned_buffers_bytes = 0;
   double ranks_per_node = 1;

@@ -11,6 +11,9 @@
 //   GAS time      = (GAS - 1) non-boundary micro-batches            (founding report's "GAS Time")
 //   OPT time      = last micro-batch (with the boundary reduction)
 //                   + optimizer step + parameter upload + post-step all-gather   ("OPT Time")
+//                   With CPU offload the optimizer, uploads and all-gathers are a pipeline
+//                   over the units that starts during the last backward: only what
+//                   that backward does not hide, plus the last unit's upload, is exposed.
 //   step          = GAS time + OPT time
 #pragma once
 
@@ -25,7 +28,8 @@ struct StepTime {
   T forward{}, backward{}, recompute{};
   T grad_comm{}, param_gather{}, offload_transfer{};  // exposed (not hidden by overlap)
   T grad_comm_total{}, param_gather_total{}, offload_transfer_total{};  // before overlap
-  T optimizer{};
+  T optimizer{};        // exposed
+  T optimizer_total{};  // the optimizer's own time (CPU: hidden or not)
   T gas{}, opt{}, step{};
 };
 
@@ -123,16 +127,14 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T d2h_exposed_boundary = max0(d2h_micro_s + d2h_boundary_s - copy_window);
 
   // All ranks of a host run their CPU work at once and share its cores and
-  // DRAM: stream rate = min(DRAM, cores x per-core rate).
-  const T stream_bps = detail::min2(T(f.dram_bytes_per_s) * coef[kCpuDramEffFrac],
-                                    f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuCoreBytesPerSPerLane]);
-  // Host accumulation of the offloaded gradients runs after each micro-batch's copies (not overlapped).
-  const T accum_micro_s = f.host_accum_bytes_micro * f.ranks_per_node / stream_bps;
-  const T accum_boundary_s = f.host_accum_bytes_boundary * f.ranks_per_node / stream_bps;
+  // DRAM. Harmonic combination, 1 / rate = 1 / (cores x per-core rate) + 1 / DRAM:
+  // it reproduces torch's fused CPU AdamW at 4 and 16 threads (coefficients.cpp),
+  // and, unlike a min(), keeps both coefficients identifiable from either regime.
+  const T stream_bps = 1.0 / (1.0 / (T(f.dram_bytes_per_s) * coef[kCpuDramEffFrac]) +
+                              1.0 / (f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuCoreBytesPerSPerLane]));
 
-  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + d2h_exposed_micro + accum_micro_s;
-  const T boundary_micro_s =
-      compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary + accum_micro_s + accum_boundary_s;
+  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + d2h_exposed_micro;
+  const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
 
   // --- optimizer step --------------------------------------------------------
   T optimizer_s(0.0);
@@ -150,22 +152,36 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T upload_s = f.h2d_bytes_step / pcie_h2d;
   const T post_gather_s = detail::collective_time_s(f.post_step_gather_bytes, f.post_step_gather_calls,
                                                     f.gather_bus_factor, false, f, coef);
+  // After the last micro-batch: serial on the GPU; with CPU offload, a pipeline whose
+  // slower stream (CPU updates, or uploads + all-gathers) runs from the start of the
+  // last backward, then the last unit's upload and all-gather.
+  T tail_s = optimizer_s + upload_s + post_gather_s;
+  T optimizer_exposed = optimizer_s;
+  if (f.opt_on_cpu > 0.0) {
+    const T back_s = (upload_s + post_gather_s) / f.opt_pipeline_units;
+    const T hidden = coef[kCpuOptOverlapFrac] * bwd_s;
+    tail_s = max0(detail::max2(optimizer_s, upload_s + post_gather_s) - hidden) + back_s;
+    optimizer_exposed = max0(optimizer_s - hidden);
+  }
 
   // --- the step --------------------------------------------------------------
   const double g = f.gas;
   out.forward = g * fwd_s;
   out.backward = g * bwd_s;
   out.recompute = g * recompute_s;
-  out.grad_comm = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + post_gather_s;
+  const bool pipelined = f.opt_on_cpu > 0.0;
+  out.grad_comm = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + (pipelined ? T(0.0) : post_gather_s);
   out.grad_comm_total = g * rs_micro_s + rs_boundary_s + post_gather_s;
   out.param_gather = g * gather_exposed;
   out.param_gather_total = g * (gather_s + param_up_s);
-  out.offload_transfer = (g - 1.0) * d2h_exposed_micro + d2h_exposed_boundary + upload_s + g * accum_micro_s +
-                         accum_boundary_s;
-  out.offload_transfer_total = g * d2h_micro_s + d2h_boundary_s + upload_s + g * accum_micro_s + accum_boundary_s;
-  out.optimizer = optimizer_s;
+  // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
+  out.offload_transfer = (g - 1.0) * d2h_exposed_micro + d2h_exposed_boundary +
+                         (pipelined ? tail_s - optimizer_exposed : upload_s);
+  out.offload_transfer_total = g * d2h_micro_s + d2h_boundary_s + upload_s;
+  out.optimizer = optimizer_exposed;
+  out.optimizer_total = optimizer_s;
   out.gas = (g - 1.0) * micro_s;
-  out.opt = boundary_micro_s + optimizer_s + upload_s + post_gather_s;
+  out.opt = boundary_micro_s + tail_s;
   out.step = out.gas + out.opt;
   return out;
 }

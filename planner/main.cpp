@@ -26,6 +26,19 @@ namespace {
 
 constexpr double kGiB = 1073741824.0;
 
+std::string fmt_double(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// The best-ranked plan with CPU optimizer offload, if any fits.
+const Prediction* best_offload(const SearchResult& res) {
+  for (const Prediction& p : res.ranked)
+    if (p.config.offload_optimizer == OffloadDevice::kCpu) return &p;
+  return nullptr;
+}
+
 struct CommonOptions {
   std::string model;
   std::string hardware = "h200-sxm";
@@ -179,6 +192,14 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
       }
       j["families"].push_back(fj);
     }
+    if (const Prediction* off = best_offload(res)) {
+      nlohmann::json lj = {{"plan", plan_to_json(*off, ctx)}, {"levers", nlohmann::json::array()}};
+      for (const Lever& l : offload_levers(req, *off))
+        lj["levers"].push_back({{"lever", l.name}, {"tokens_per_s", l.result.throughput.tokens_per_s},
+                                {"gain_frac", l.gain_frac}, {"fits", l.result.fits},
+                                {"gpu_memory_bytes", l.result.memory.gpu_total}});
+      j["offload_levers"] = lj;
+    }
     j["suggestions"] = res.suggestions;
     j["notes"] = notes;
     std::cout << j.dump(2) << "\n";
@@ -198,6 +219,15 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     }
     std::cout << "Why the others lose (best member of each family)\n";
     for (const auto& f : res.families) std::cout << "  " << f.family << ": " << f.why << "\n";
+    if (const Prediction* off = best_offload(res)) {
+      std::cout << "\nWhat each lever would buy the best offload plan (" << family_name(off->config) << ", micro-batch "
+                << off->config.micro_batch << ", GAS " << off->config.gas << ": "
+                << fmt_double("%.0f", off->throughput.tokens_per_s) << " tokens/s)\n";
+      for (const Lever& l : offload_levers(req, *off))
+        std::cout << "  " << l.name << ": " << fmt_double("%+.0f", 100.0 * l.gain_frac) << " % tokens/s ("
+                  << fmt_double("%.0f", l.result.throughput.tokens_per_s) << ")"
+                  << (l.result.fits ? "" : ", does not fit: " + l.result.reason) << "\n";
+    }
     for (const auto& n : res.notes) std::cout << "note: " << n << "\n";
     for (const auto& n : notes) std::cout << n << "\n";
   }

@@ -268,4 +268,54 @@ SearchResult search_plans(const SearchRequest& req) {
   return result;
 }
 
+std::vector<Lever> offload_levers(const SearchRequest& req, const Prediction& plan) {
+  std::vector<Lever> out;
+  const TrainConfig& c = plan.config;
+  if (c.offload_optimizer != OffloadDevice::kCpu) return out;
+  auto add = [&](const std::string& name, const TrainConfig& changed, const ResourceLimits& limits) {
+    Lever l{name, evaluate(req.model, req.hardware, changed, limits), 0.0};
+    l.gain_frac = l.result.throughput.tokens_per_s / plan.throughput.tokens_per_s - 1.0;
+    out.push_back(std::move(l));
+  };
+  TrainConfig t = c;
+  if (c.optimizer == OptimizerKind::kAdamW) {
+    t.optimizer = OptimizerKind::kAdamW8bit;
+    add("8-bit CPU AdamW states", t, req.limits);
+  }
+  if (c.micro_batch % 2 == 0) {
+    t = c;
+    t.micro_batch /= 2;
+    t.gas *= 2;
+    add("GAS x2, micro-batch / 2", t, req.limits);
+  }
+  if (c.gas % 2 == 0) {
+    t = c;
+    t.micro_batch *= 2;
+    t.gas /= 2;
+    add("micro-batch x2, GAS / 2", t, req.limits);
+  }
+  t = c;
+  t.activation_checkpointing = !c.activation_checkpointing;
+  add(c.activation_checkpointing ? "no activation checkpointing" : "activation checkpointing", t, req.limits);
+  if (c.offload_params == OffloadDevice::kCpu) {
+    t = c;
+    t.offload_params = OffloadDevice::kNone;
+    add("parameters on the GPU (no parameter offload)", t, req.limits);
+  }
+  t = c;
+  t.offload_params = OffloadDevice::kNone;
+  t.offload_optimizer = OffloadDevice::kNone;
+  add("no offload (optimizer on the GPU)", t, req.limits);
+  ResourceLimits more = req.limits;
+  const Features f = make_features(req.model, req.hardware, c, req.limits);
+  more.cpu_cores_node = 2.0 * f.step.cpu_cores_node;
+  add("twice the CPU cores (" + std::to_string(static_cast<int>(more.cpu_cores_node)) + " per node)", c, more);
+  // Fitting levers first, each group by gain.
+  std::stable_sort(out.begin(), out.end(), [](const Lever& a, const Lever& b) {
+    if (a.result.fits != b.result.fits) return a.result.fits;
+    return a.gain_frac > b.gain_frac;
+  });
+  return out;
+}
+
 }  // namespace stepcast

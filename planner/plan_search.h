@@ -56,6 +56,18 @@ SearchResult search_plans(const SearchRequest& request);
 double complexity(const TrainConfig& config);
 double ranking_score(const Prediction& p);
 
+// What one change to a CPU-offload plan would buy, the global batch kept.
+struct Lever {
+  std::string name;        // "8-bit CPU AdamW states", "GAS x2 (micro-batch / 2)", ...
+  Prediction result;
+  double gain_frac = 0;    // tokens/s relative to the plan: +0.35 = 35 % faster
+};
+
+// Levers of an offload plan: 8-bit states, the micro-batch/GAS split, checkpointing, no
+// parameter offload, no optimizer offload, twice the CPU cores; each evaluated with the
+// same model, fitting or not. Fitting levers first, best first.
+std::vector<Lever> offload_levers(const SearchRequest& request, const Prediction& plan);
+
 // "the CPU AdamW", "exposed gradient reduction", ... : the component of a
 // step that costs the most beyond forward and backward compute, with its share of the step.
 std::string dominant_cost(const Prediction& p, double* share_out = nullptr);

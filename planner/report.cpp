@@ -228,7 +228,7 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   row("gradient reduction", t.grad_comm, t.grad_comm_total);
   row("parameter gathering", t.param_gather, t.param_gather_total);
   row("offload copies (PCIe)", t.offload_transfer, t.offload_transfer_total);
-  row("optimizer", t.optimizer, t.optimizer);
+  row("optimizer", t.optimizer, t.optimizer_total);
   tt.add({"GAS time", p.config.gas > 1 ? fmt("%.4f", t.gas) : "n/a", "", ""});
   tt.add({"OPT time", fmt("%.4f", t.opt), "", ""});
   tt.add({"step", fmt("%.4f", t.step), "", "100.0"});

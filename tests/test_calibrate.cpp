@@ -66,7 +66,7 @@ std::vector<Observation> synthetic(uint64_t seed) {
                 o.step_s = st.step * (1 + noise(rng));
                 o.forward_s = st.forward * (1 + noise(rng));
                 o.backward_s = (st.backward + st.recompute) * (1 + noise(rng));
-                o.optimizer_s = st.optimizer * (1 + noise(rng));
+                o.optimizer_s = (off ? st.optimizer_total : st.optimizer) * (1 + noise(rng));  // as the fit reads it
                 o.gpu_memory_bytes = mem.gpu_total * (1 + noise(rng));
                 o.key = std::string(name) + std::to_string(out.size());
                 out.push_back(o);

@@ -1,0 +1,216 @@
+// 8-bit AdamW on the CPU (declared in cpu_adamw.h): scalar and AVX-512
+// bodies over one quantisation block at a time. Pass 1 dequantises, updates
+// and writes the parameters, keeping the new fp32 moments of the block in a
+// small buffer (L1/L2-resident) and their absmax; pass 2 quantises them.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/adamw_math.h"
+#include "backend/cpu_adamw.h"
+#include "backend/quant8.h"
+
+namespace stepcast::backend {
+
+namespace {
+
+using quant8::kBlock;
+
+struct Block8 {
+  float* p;
+  uint8_t* qm;
+  uint8_t* qv;
+  float* am;  // this block's absmax (in: old, out: new)
+  float* av;
+  GradIn g;   // indexed from the block's start
+  void* out;
+  kernels::DType od;
+  int64_t n;  // values in the block (kBlock but for the last)
+};
+
+inline void store_out(void* out, kernels::DType od, int64_t i, float x) {
+  if (!out) return;
+  if (od == kernels::DType::kBFloat16) static_cast<uint16_t*>(out)[i] = float_to_bf16(x);
+  else static_cast<float*>(out)[i] = x;
+}
+
+// Elements [from, b.n) of a block, scalar; returns the running absmax.
+void pass1_scalar(const Block8& b, int64_t from, const Consts& c, float* mb, float* vb, float& max_m, float& max_v) {
+  const float am = *b.am, av = *b.av;
+  for (int64_t i = from; i < b.n; ++i) {
+    float m = quant8::decode_signed(b.qm[i]) * am;
+    float v = quant8::decode_unsigned(b.qv[i]) * av;
+    const float x = adamw_one(b.p[i], m, v, b.g.at(i), c);
+    store_out(b.out, b.od, i, x);
+    mb[i] = m;
+    vb[i] = v;
+    max_m = std::max(max_m, std::fabs(m));
+    max_v = std::max(max_v, v);
+  }
+}
+
+void pass2_scalar(const Block8& b, int64_t from, const float* mb, const float* vb, float inv_m, float inv_v) {
+  for (int64_t i = from; i < b.n; ++i) {
+    b.qm[i] = quant8::encode_signed(mb[i] * inv_m);
+    b.qv[i] = quant8::encode_unsigned(vb[i] * inv_v);
+  }
+}
+
+void block_scalar(const Block8& b, const Consts& c) {
+  alignas(64) float mb[kBlock], vb[kBlock];
+  float max_m = 0, max_v = 0;
+  pass1_scalar(b, 0, c, mb, vb, max_m, max_v);
+  *b.am = max_m;
+  *b.av = max_v;
+  pass2_scalar(b, 0, mb, vb, max_m > 0 ? 1.0f / max_m : 0.0f, max_v > 0 ? 1.0f / max_v : 0.0f);
+}
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+AVX512 inline __m512i load_codes(const uint8_t* q) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+}
+
+AVX512 inline __m512 load_grad(GradIn g, int64_t i) {
+  if (g.dtype == kernels::DType::kFloat32) return _mm512_loadu_ps(static_cast<const float*>(g.ptr) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g.ptr) + i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// The map's per-level constants in registers (16 slots: a permute reads them by level).
+struct MapRegs {
+  __m512 first, step, inv_step, zero_threshold;
+  __m512 threshold[7];
+  int levels;
+};
+
+AVX512 MapRegs map_regs(const quant8::Map& m) {
+  MapRegs r;
+  r.first = _mm512_loadu_ps(m.first);
+  r.step = _mm512_loadu_ps(m.step);
+  r.inv_step = _mm512_loadu_ps(m.inv_step);
+  r.zero_threshold = _mm512_set1_ps(m.zero_threshold);
+  r.levels = m.bits;
+  for (int k = 0; k + 1 < m.bits; ++k) r.threshold[k] = _mm512_set1_ps(m.threshold[k]);
+  return r;
+}
+
+// quant8::encode_magnitude on 16 lanes; y already clamped to [0, 1].
+AVX512 inline __m512i encode16(const MapRegs& r, __m512 y) {
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i level = _mm512_setzero_si512();
+  for (int k = 0; k + 1 < r.levels; ++k)
+    level = _mm512_mask_add_epi32(level, _mm512_cmp_ps_mask(y, r.threshold[k], _CMP_GE_OQ), level, one);
+  const __m512 t = _mm512_mul_ps(_mm512_sub_ps(y, _mm512_permutexvar_ps(level, r.first)),
+                                 _mm512_permutexvar_ps(level, r.inv_step));
+  const __m512i base = _mm512_sllv_epi32(one, level);  // 2^level
+  __m512i j = _mm512_cvtps_epi32(t);                   // round to nearest even, as nearbyint
+  j = _mm512_max_epi32(_mm512_setzero_si512(), _mm512_min_epi32(j, _mm512_sub_epi32(base, one)));
+  const __m512i code = _mm512_add_epi32(base, j);
+  return _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(y, r.zero_threshold, _CMP_GE_OQ), code);
+}
+
+// quant8::decode_magnitude on 16 lanes.
+AVX512 inline __m512 decode16(const MapRegs& r, __m512i code) {
+  // floor(log2 c) from the exponent of float(c) (exact for c < 2^24).
+  const __m512i level =
+      _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(code)), 23), _mm512_set1_epi32(127));
+  const __m512i j = _mm512_sub_epi32(code, _mm512_sllv_epi32(_mm512_set1_epi32(1), level));
+  const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(j), _mm512_permutexvar_ps(level, r.step),
+                                   _mm512_permutexvar_ps(level, r.first));
+  return _mm512_maskz_mov_ps(_mm512_test_epi32_mask(code, code), v);
+}
+
+AVX512 void block_avx512(const Block8& b, const Consts& c) {
+  alignas(64) float mb[kBlock], vb[kBlock];
+  const MapRegs smap = map_regs(quant8::signed_magnitudes());
+  const MapRegs umap = map_regs(quant8::unsigned_map());
+  const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), omb1 = _mm512_set1_ps(c.one_minus_b1),
+               omb2 = _mm512_set1_ps(c.one_minus_b2), ibc2 = _mm512_set1_ps(c.inv_bc2_sqrt),
+               eps = _mm512_set1_ps(c.eps), ss = _mm512_set1_ps(c.step_size), dec = _mm512_set1_ps(c.decay),
+               sc = _mm512_set1_ps(c.scale), am = _mm512_set1_ps(*b.am), av = _mm512_set1_ps(*b.av);
+  const __m512i mask7 = _mm512_set1_epi32(0x7F), round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  __m512 vmax_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
+  const int64_t body = b.n / 16 * 16;
+  for (int64_t i = 0; i < body; i += 16) {
+    const __m512i cm = load_codes(b.qm + i), cv = load_codes(b.qv + i);
+    const __m512 mag = decode16(smap, _mm512_and_si512(cm, mask7));
+    const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(cm, 7), 31);
+    const __m512 m_old = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(mag), sign)), am);
+    const __m512 v_old = _mm512_mul_ps(decode16(umap, cv), av);
+    const __m512 gi = _mm512_mul_ps(load_grad(b.g, i), sc);
+    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(b.p + i), dec);
+    const __m512 mi = _mm512_fmadd_ps(b1, m_old, _mm512_mul_ps(omb1, gi));
+    const __m512 vi = _mm512_fmadd_ps(b2, v_old, _mm512_mul_ps(omb2, _mm512_mul_ps(gi, gi)));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), ibc2, eps);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(ss, _mm512_div_ps(mi, denom)));
+    _mm512_storeu_ps(b.p + i, x);
+    _mm512_store_ps(mb + i, mi);
+    _mm512_store_ps(vb + i, vi);
+    vmax_m = _mm512_max_ps(vmax_m, _mm512_abs_ps(mi));
+    vmax_v = _mm512_max_ps(vmax_v, vi);
+    if (!b.out) continue;
+    if (b.od == kernels::DType::kBFloat16) {
+      const __m512i bits = _mm512_castps_si512(x);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+      const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, round_bias), lsb), 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.out) + i), _mm512_cvtepi32_epi16(r));
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(b.out) + i, x);
+    }
+  }
+  float max_m = _mm512_reduce_max_ps(vmax_m), max_v = _mm512_reduce_max_ps(vmax_v);
+  pass1_scalar(b, body, c, mb, vb, max_m, max_v);
+  *b.am = max_m;
+  *b.av = max_v;
+  const float inv_m = max_m > 0 ? 1.0f / max_m : 0.0f, inv_v = max_v > 0 ? 1.0f / max_v : 0.0f;
+
+  const __m512 vinv_m = _mm512_set1_ps(inv_m), vinv_v = _mm512_set1_ps(inv_v), ones = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < body; i += 16) {
+    const __m512 m = _mm512_mul_ps(_mm512_load_ps(mb + i), vinv_m);
+    const __m512 v = _mm512_mul_ps(_mm512_load_ps(vb + i), vinv_v);
+    // min(y, 1) also maps NaN to 1 (the second operand is returned), as the scalar encoder does.
+    __m512i qm = encode16(smap, _mm512_min_ps(_mm512_abs_ps(m), ones));
+    qm = _mm512_or_si512(qm, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(m), 31), 7));
+    const __m512 yv = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), ones);
+    __m512i qv = encode16(umap, yv);
+    const __mmask16 positive_zero = _mm512_mask_cmpeq_epi32_mask(_mm512_cmp_ps_mask(yv, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                                                 qv, _mm512_setzero_si512());
+    qv = _mm512_mask_mov_epi32(qv, positive_zero, one);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b.qm + i), _mm512_cvtepi32_epi8(qm));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b.qv + i), _mm512_cvtepi32_epi8(qv));
+  }
+  pass2_scalar(b, body, mb, vb, inv_m, inv_v);
+}
+
+}  // namespace
+
+void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
+                   kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n,
+                   const kernels::AdamWArgs& a, SimdLevel level) {
+  const Consts c = consts_of(a);
+  if (level == SimdLevel::kAuto) level = cpu_simd_level();
+  // AVX2 machines take the scalar body (the 8-bit path uses AVX-512's permutes and narrowing stores).
+  const bool wide = level == SimdLevel::kAvx512;
+  const int64_t gsize = grad_dtype == kernels::DType::kBFloat16 ? 2 : 4;
+  const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
+  cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; s += kBlock) {
+      const int64_t k = s / kBlock;
+      Block8 b{master + s,
+               qm + s,
+               qv + s,
+               am + k,
+               av + k,
+               GradIn{static_cast<const char*>(grad) + s * gsize, grad_dtype},
+               out ? static_cast<char*>(out) + s * osize : nullptr,
+               out_dtype,
+               std::min(kBlock, n - s)};
+      if (wide) block_avx512(b, c);
+      else block_scalar(b, c);
+    }
+  });
+}
+
+}  // namespace stepcast::backend
