@@ -96,9 +96,13 @@ void ZeroEngine::init_parameters() {
     u.n8 = cfg_.optimizer == OptimizerKind::kAdamW8bit
                ? std::clamp<int64_t>(u.layout->small_begin - opt_offset(u), 0, n)
                : 0;
-    const auto state = [&](torch::ScalarType t) { return offload() ? host_opts(t) : torch::dtype(t).device(rt_.device()); };
+    // Offloaded states live in ordinary host memory (only the buffers that DMA reads or
+    // writes are pinned: the staging shard, and the parameter shard with parameter offload).
+    const auto state = [&](torch::ScalarType t) {
+      return offload() ? torch::dtype(t).device(torch::kCPU) : torch::dtype(t).device(rt_.device());
+    };
     if (offload()) {
-      u.master = torch::empty({n}, host_opts(torch::kFloat));
+      u.master = torch::empty({n}, state(torch::kFloat));
       u.master.copy_(own);
       // Gradients come down into `staging` and the optimizer writes the updated parameters over
       // them for the upload, or, with parameter offload, straight into the host shard.

@@ -9,6 +9,10 @@ measured step and a summary; run it with torchrun on the GPU machine:
   python3 -m torch.distributed.run --nproc_per_node 2 bench/fsdp_peer.py \
       --hidden 4096 --layers 32 --heads 32 --kv-heads 32 --intermediate 11008 --vocab 32000 \
       --micro-batch 4 --gas 4 --seq 2048 --steps 5
+
+With --cpu-offload 1 the peer is FSDP2's CPU offload (CPUOffloadPolicy, pinned
+memory: sharded parameters, gradients and the AdamW step on the CPU, torch's
+fused CPU AdamW), the reference of issue "Backend v2"'s offload goal.
 """
 import argparse
 import json
@@ -20,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
 class Layer(nn.Module):
@@ -79,7 +83,8 @@ class Model(nn.Module):
 def main():
     p = argparse.ArgumentParser()
     for name, default in [("hidden", 4096), ("layers", 32), ("heads", 32), ("kv-heads", 32), ("intermediate", 11008),
-                          ("vocab", 32000), ("micro-batch", 4), ("gas", 4), ("seq", 2048), ("steps", 5), ("warmup", 2)]:
+                          ("vocab", 32000), ("micro-batch", 4), ("gas", 4), ("seq", 2048), ("steps", 5), ("warmup", 2),
+                          ("cpu-offload", 0)]:
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--json-out", default="")
     p.add_argument("--label", default="fsdp2")
@@ -90,10 +95,11 @@ def main():
     with torch.device("meta"):
         model = Model(a)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
     for layer in model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    model.to_empty(device="cuda")
+        fully_shard(layer, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+    model.to_empty(device="cpu" if a.cpu_offload else "cuda")
     with torch.no_grad():
         for name, prm in model.named_parameters():
             if "norm" in name:
@@ -119,7 +125,7 @@ def main():
         dt = time.perf_counter() - t0
         tps = tokens_per_step / dt
         mfu = tps * flops_per_token / (world * 989.4e12)
-        rec = {"peer": a.label, "step": step + 1, "warmup": step < a.warmup, "step_s": dt, "tokens_per_s": tps,
+        rec = {"peer": a.label, "cpu_offload": bool(a.cpu_offload), "step": step + 1, "warmup": step < a.warmup, "step_s": dt, "tokens_per_s": tps,
                "mfu": mfu, "loss": loss.item() * a.gas, "world_size": world, "micro_batch": a.micro_batch,
                "gas": a.gas, "seq_len": a.seq, "params": n_params,
                "gpu_peak_allocated_bytes": torch.cuda.max_memory_allocated(),
