@@ -1,10 +1,14 @@
 #include "backend/cpu_adamw.h"
 
 #include "backend/adamw_math.h"
+#include "backend/quant8.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -160,6 +164,60 @@ const char* simd_name(SimdLevel l) {
   return l == SimdLevel::kAvx512 ? "avx512" : l == SimdLevel::kAvx2 ? "avx2" : "scalar";
 }
 
+namespace {
+
+SimdLevel probe(CpuKernel kernel) {
+  if (const char* env = std::getenv("STEPCAST_CPU_SIMD")) {
+    const std::string e = env;
+    if (e == "scalar") return SimdLevel::kScalar;
+    if (e == "avx2" && cpu_simd_level() != SimdLevel::kScalar) return SimdLevel::kAvx2;
+    if (e == "avx512" && cpu_simd_level() == SimdLevel::kAvx512) return SimdLevel::kAvx512;
+  }
+  std::vector<SimdLevel> levels;
+  if (cpu_simd_level() == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
+  if (cpu_simd_level() != SimdLevel::kScalar) levels.push_back(SimdLevel::kAvx2);
+  if (levels.size() < 2) return cpu_simd_level();
+  const int64_t n = int64_t{4} << 20;
+  std::vector<float> p(static_cast<size_t>(n), 0.01f), m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+  std::vector<uint16_t> g(static_cast<size_t>(n), float_to_bf16(1e-3f)), out(static_cast<size_t>(n));
+  std::vector<uint8_t> qm(static_cast<size_t>(n)), qv(static_cast<size_t>(n));
+  std::vector<float> am(static_cast<size_t>(quant8::num_blocks(n))), av(am.size());
+  kernels::AdamWArgs args;
+  SimdLevel best = levels.front();
+  double best_s = 1e30;
+  for (SimdLevel level : levels) {
+    double t_min = 1e30;
+    for (int r = 0; r < 4; ++r) {  // the first run warms up
+      const auto t0 = std::chrono::steady_clock::now();
+      args.step = r + 1;
+      if (kernel == CpuKernel::kAdamW)
+        cpu_adamw(p.data(), m.data(), v.data(), g.data(), kernels::DType::kBFloat16, out.data(),
+                  kernels::DType::kBFloat16, n, args, level);
+      else
+        cpu_adamw8bit(p.data(), qm.data(), qv.data(), am.data(), av.data(), g.data(), kernels::DType::kBFloat16,
+                      out.data(), kernels::DType::kBFloat16, n, args, level);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) t_min = std::min(t_min, s);
+    }
+    if (t_min < best_s) {
+      best_s = t_min;
+      best = level;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+SimdLevel tuned_simd_level(CpuKernel kernel) {
+  if (kernel == CpuKernel::kAdamW) {
+    static const SimdLevel level = probe(CpuKernel::kAdamW);
+    return level;
+  }
+  static const SimdLevel level = probe(CpuKernel::kAdamW8bit);
+  return level;
+}
+
 void cpu_parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn) {
   parallel_chunks(n, align, fn);
 }
@@ -171,7 +229,7 @@ void cpu_adamw(float* master, float* m, float* v, const void* grad_ptr, kernels:
                kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& a, SimdLevel level) {
   const Consts c = consts_of(a);
   const GradIn grad{grad_ptr, grad_dtype};
-  if (level == SimdLevel::kAuto) level = cpu_simd_level();
+  if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW);
   parallel_chunks(n, 64, [&](int64_t b, int64_t e) {
     switch (level) {
       case SimdLevel::kAvx512: adamw_avx512(master, m, v, grad, out, out_dtype, b, e, c); break;

@@ -17,6 +17,14 @@ enum class SimdLevel { kAuto, kScalar, kAvx2, kAvx512 };
 SimdLevel cpu_simd_level();
 const char* simd_name(SimdLevel level);
 
+// What kAuto resolves to for each kernel: $STEPCAST_CPU_SIMD (scalar, avx2 or
+// avx512) when set, else the fastest level this CPU has, timed once per
+// process on 4 Mi parameters with the optimizer's threads (on the H200 host's
+// Xeon the AVX2 body beat AVX-512 for fp32 AdamW; on the development EPYC the
+// reverse).
+enum class CpuKernel { kAdamW, kAdamW8bit };
+SimdLevel tuned_simd_level(CpuKernel kernel);
+
 // Threads of the CPU optimizer and accumulation (a rank's share of the host's
 // cores); 0 = all hardware threads. Own std::threads, not OpenMP's pool.
 void set_cpu_threads(int threads);

@@ -184,15 +184,141 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
   pass2_scalar(b, body, mb, vb, inv_m, inv_v);
 }
 
+#define AVX2 __attribute__((target("avx2,fma")))
+
+struct MapRegs8 {
+  __m256 first, step, inv_step, zero_threshold;
+  __m256 threshold[7];
+  int levels;
+};
+
+AVX2 MapRegs8 map_regs8(const quant8::Map& m) {
+  MapRegs8 r;
+  r.first = _mm256_loadu_ps(m.first);  // levels 0..7 (8 slots: one permutevar8x32)
+  r.step = _mm256_loadu_ps(m.step);
+  r.inv_step = _mm256_loadu_ps(m.inv_step);
+  r.zero_threshold = _mm256_set1_ps(m.zero_threshold);
+  r.levels = m.bits;
+  for (int k = 0; k + 1 < m.bits; ++k) r.threshold[k] = _mm256_set1_ps(m.threshold[k]);
+  return r;
+}
+
+AVX2 inline __m256i encode8(const MapRegs8& r, __m256 y) {
+  const __m256i one = _mm256_set1_epi32(1);
+  __m256i level = _mm256_setzero_si256();
+  for (int k = 0; k + 1 < r.levels; ++k)
+    level = _mm256_sub_epi32(level, _mm256_castps_si256(_mm256_cmp_ps(y, r.threshold[k], _CMP_GE_OQ)));
+  const __m256 t = _mm256_mul_ps(_mm256_sub_ps(y, _mm256_permutevar8x32_ps(r.first, level)),
+                                 _mm256_permutevar8x32_ps(r.inv_step, level));
+  const __m256i base = _mm256_sllv_epi32(one, level);
+  __m256i j = _mm256_cvtps_epi32(t);
+  j = _mm256_max_epi32(_mm256_setzero_si256(), _mm256_min_epi32(j, _mm256_sub_epi32(base, one)));
+  const __m256i nonzero = _mm256_castps_si256(_mm256_cmp_ps(y, r.zero_threshold, _CMP_GE_OQ));
+  return _mm256_and_si256(_mm256_add_epi32(base, j), nonzero);
+}
+
+AVX2 inline __m256 decode8(const MapRegs8& r, __m256i code) {
+  const __m256i level =
+      _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(code)), 23), _mm256_set1_epi32(127));
+  const __m256i j = _mm256_sub_epi32(code, _mm256_sllv_epi32(_mm256_set1_epi32(1), level));
+  const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(j), _mm256_permutevar8x32_ps(r.step, level),
+                                   _mm256_permutevar8x32_ps(r.first, level));
+  const __m256i is_zero = _mm256_cmpeq_epi32(code, _mm256_setzero_si256());
+  return _mm256_andnot_ps(_mm256_castsi256_ps(is_zero), v);
+}
+
+AVX2 inline void store_codes8(uint8_t* q, __m256i c) {
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packus_epi16(w, w));
+}
+
+AVX2 inline __m256 load_grad8(GradIn g, int64_t i) {
+  if (g.dtype == kernels::DType::kFloat32) return _mm256_loadu_ps(static_cast<const float*>(g.ptr) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(g.ptr) + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+AVX2 inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+AVX2 void block_avx2(const Block8& b, const Consts& c) {
+  alignas(64) float mb[kBlock], vb[kBlock];
+  const MapRegs8 smap = map_regs8(quant8::signed_magnitudes());
+  const MapRegs8 umap = map_regs8(quant8::unsigned_map());
+  const __m256 b1 = _mm256_set1_ps(c.b1), b2 = _mm256_set1_ps(c.b2), omb1 = _mm256_set1_ps(c.one_minus_b1),
+               omb2 = _mm256_set1_ps(c.one_minus_b2), ibc2 = _mm256_set1_ps(c.inv_bc2_sqrt),
+               eps = _mm256_set1_ps(c.eps), ss = _mm256_set1_ps(c.step_size), dec = _mm256_set1_ps(c.decay),
+               sc = _mm256_set1_ps(c.scale), am = _mm256_set1_ps(*b.am), av = _mm256_set1_ps(*b.av);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i mask7 = _mm256_set1_epi32(0x7F), round_bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  __m256 vmax_m = _mm256_setzero_ps(), vmax_v = _mm256_setzero_ps();
+  const int64_t body = b.n / 8 * 8;
+  for (int64_t i = 0; i < body; i += 8) {
+    const __m256i cm = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qm + i)));
+    const __m256i cv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qv + i)));
+    const __m256 mag = decode8(smap, _mm256_and_si256(cm, mask7));
+    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(cm, 7), 31);
+    const __m256 m_old = _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), am);
+    const __m256 v_old = _mm256_mul_ps(decode8(umap, cv), av);
+    const __m256 gi = _mm256_mul_ps(load_grad8(b.g, i), sc);
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(b.p + i), dec);
+    const __m256 mi = _mm256_fmadd_ps(b1, m_old, _mm256_mul_ps(omb1, gi));
+    const __m256 vi = _mm256_fmadd_ps(b2, v_old, _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), ibc2, eps);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(ss, _mm256_div_ps(mi, denom)));
+    _mm256_storeu_ps(b.p + i, x);
+    _mm256_store_ps(mb + i, mi);
+    _mm256_store_ps(vb + i, vi);
+    vmax_m = _mm256_max_ps(vmax_m, _mm256_and_ps(mi, abs_mask));
+    vmax_v = _mm256_max_ps(vmax_v, vi);
+    if (!b.out) continue;
+    if (b.od == kernels::DType::kBFloat16) {
+      const __m256i bits = _mm256_castps_si256(x);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+      const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, round_bias), lsb), 16);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(b.out) + i),
+                       _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+    } else {
+      _mm256_storeu_ps(static_cast<float*>(b.out) + i, x);
+    }
+  }
+  float max_m = hmax8(vmax_m), max_v = hmax8(vmax_v);
+  pass1_scalar(b, body, c, mb, vb, max_m, max_v);
+  *b.am = max_m;
+  *b.av = max_v;
+  const float inv_m = max_m > 0 ? 1.0f / max_m : 0.0f, inv_v = max_v > 0 ? 1.0f / max_v : 0.0f;
+
+  const __m256 vinv_m = _mm256_set1_ps(inv_m), vinv_v = _mm256_set1_ps(inv_v), ones = _mm256_set1_ps(1.0f),
+               zeros = _mm256_setzero_ps();
+  for (int64_t i = 0; i < body; i += 8) {
+    const __m256 m = _mm256_mul_ps(_mm256_load_ps(mb + i), vinv_m);
+    const __m256 v = _mm256_mul_ps(_mm256_load_ps(vb + i), vinv_v);
+    // min(y, 1) maps NaN to 1 (the second operand), as the scalar encoder does.
+    __m256i qm = encode8(smap, _mm256_min_ps(_mm256_and_ps(m, abs_mask), ones));
+    qm = _mm256_or_si256(qm, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(m), 31), 7));
+    const __m256 yv = _mm256_min_ps(_mm256_max_ps(v, zeros), ones);
+    __m256i qv = encode8(umap, yv);
+    // A positive second moment never becomes 0: code 0 with y > 0 takes code 1.
+    const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(yv, zeros, _CMP_GT_OQ));
+    const __m256i zero_code = _mm256_cmpeq_epi32(qv, _mm256_setzero_si256());
+    qv = _mm256_or_si256(qv, _mm256_and_si256(_mm256_and_si256(positive, zero_code), one));
+    store_codes8(b.qm + i, qm);
+    store_codes8(b.qv + i, qv);
+  }
+  pass2_scalar(b, body, mb, vb, inv_m, inv_v);
+}
+
 }  // namespace
 
 void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
                    kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n,
                    const kernels::AdamWArgs& a, SimdLevel level) {
   const Consts c = consts_of(a);
-  if (level == SimdLevel::kAuto) level = cpu_simd_level();
-  // AVX2 machines take the scalar body (the 8-bit path uses AVX-512's permutes and narrowing stores).
-  const bool wide = level == SimdLevel::kAvx512;
+  if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW8bit);
   const int64_t gsize = grad_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
@@ -207,8 +333,11 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                out ? static_cast<char*>(out) + s * osize : nullptr,
                out_dtype,
                std::min(kBlock, n - s)};
-      if (wide) block_avx512(b, c);
-      else block_scalar(b, c);
+      switch (level) {
+        case SimdLevel::kAvx512: block_avx512(b, c); break;
+        case SimdLevel::kAvx2: block_avx2(b, c); break;
+        default: block_scalar(b, c); break;
+      }
     }
   });
 }

@@ -60,8 +60,19 @@ int blocks_for(int64_t n, int threads) {
 // --- 8-bit AdamW ------------------------------------------------------------------
 constexpr int kQ8Threads = 256;
 
+// The two maps (signed magnitudes, unsigned), set before each launch.
+__constant__ Quant8Map c_q8_maps[2];
+
+// A map in shared memory: levels are indexed per element (divergent), which
+// shared memory serves in one pass and a parameter or constant bank would not.
+struct SharedMap {
+  float first[16], step[16], inv_step[16], threshold[16];
+  float zero_threshold;
+  int bits;
+};
+
 // quant8::encode_magnitude / decode_magnitude, the same operations on the device.
-__device__ inline int q8_encode(const Quant8Map& m, float y) {
+__device__ inline int q8_encode(const SharedMap& m, float y) {
   y = fminf(fmaxf(y, 0.0f), 1.0f);
   if (y < m.zero_threshold) return 0;
   int i = 0;
@@ -73,45 +84,109 @@ __device__ inline int q8_encode(const Quant8Map& m, float y) {
   return (1 << i) + j;
 }
 
-__device__ inline float q8_decode(const Quant8Map& m, int code) {
+__device__ inline float q8_decode(const SharedMap& m, int code) {
   if (code == 0) return 0.0f;
   const int i = 31 - __clz(code);
   return __fmaf_rn(static_cast<float>(code - (1 << i)), m.step[i], m.first[i]);
 }
 
-template <int kPerThread, class G, class P>
+// Eight consecutive values of a float or bf16 array (one or two 16-byte accesses).
+__device__ inline void load8(const float* p, float* v) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ inline void load8(const __nv_bfloat16* p, float* v) {
+  const uint4 raw = reinterpret_cast<const uint4*>(p)[0];
+  const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = __bfloat162float(h[k]);
+}
+__device__ inline void store8(float* p, const float* v) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ inline void store8(__nv_bfloat16* p, const float* v) {
+  uint4 raw;
+  __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) h[k] = __float2bfloat16_rn(v[k]);
+  reinterpret_cast<uint4*>(p)[0] = raw;
+}
+
+// One CUDA block per quantisation block of kQ8Threads x 8 values; each thread
+// owns 8 consecutive values (16-byte loads and stores; element by element at
+// the end of the array or when `vec` is false).
+template <class G, class P>
 __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict__ master, uint8_t* __restrict__ qm,
                                                               uint8_t* __restrict__ qv, float* __restrict__ am,
                                                               float* __restrict__ av, const G* __restrict__ grad,
                                                               P* __restrict__ out, int64_t n, AdamWArgs a,
-                                                              float bc1, float bc2_sqrt, const Quant8Map smap,
-                                                              const Quant8Map umap) {
+                                                              float bc1, float bc2_sqrt, bool vec) {
+  __shared__ SharedMap maps[2];
   __shared__ float red_m[kQ8Threads / 32], red_v[kQ8Threads / 32];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kPerThread * kQ8Threads;
+  if (threadIdx.x < 32) {
+    const int w = threadIdx.x >> 4, k = threadIdx.x & 15;
+    const Quant8Map& c = c_q8_maps[w];
+    maps[w].first[k] = c.first[k];
+    maps[w].step[k] = c.step[k];
+    maps[w].inv_step[k] = c.inv_step[k];
+    maps[w].threshold[k] = c.threshold[k];
+    if (k == 0) {
+      maps[w].zero_threshold = c.zero_threshold;
+      maps[w].bits = c.bits;
+    }
+  }
+  __syncthreads();
+  const SharedMap& smap = maps[0];
+  const SharedMap& umap = maps[1];
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * 8 * kQ8Threads + 8 * threadIdx.x;
+  const int count = i0 >= n ? 0 : static_cast<int>(n - i0 < 8 ? n - i0 : 8);
+  const bool full = vec && count == 8;
   const float am_old = am[blockIdx.x], av_old = av[blockIdx.x];
   const float step_size = a.lr / bc1, decay = 1.0f - a.lr * a.weight_decay;
-  float m_new[kPerThread], v_new[kPerThread];
+  float g[8], p[8], m_new[8], v_new[8];
+  uint8_t cm[8], cv[8];
+  if (full) {
+    load8(grad + i0, g);
+    load8(master + i0, p);
+    const uint2 rm = *reinterpret_cast<const uint2*>(qm + i0), rv = *reinterpret_cast<const uint2*>(qv + i0);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      cm[k] = reinterpret_cast<const uint8_t*>(&rm)[k];
+      cv[k] = reinterpret_cast<const uint8_t*>(&rv)[k];
+    }
+  } else {
+    for (int k = 0; k < 8; ++k) {
+      const bool in = k < count;
+      g[k] = in ? load(grad, i0 + k) : 0.0f;
+      p[k] = in ? master[i0 + k] : 0.0f;
+      cm[k] = in ? qm[i0 + k] : 0;
+      cv[k] = in ? qv[i0 + k] : 0;
+    }
+  }
   float max_m = 0.0f, max_v = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int64_t i = base + k * kQ8Threads + threadIdx.x;
-    m_new[k] = v_new[k] = 0.0f;
-    if (i >= n) continue;
-    const int cm = qm[i], cv = qv[i];
-    const float mag = q8_decode(smap, cm & 0x7F);
-    const float m_old = ((cm & 0x80) ? -mag : mag) * am_old;
-    const float v_old = q8_decode(umap, cv) * av_old;
-    const float g = load(grad, i) * a.grad_scale;
-    float p = master[i] * decay;
-    const float mi = a.beta1 * m_old + (1.0f - a.beta1) * g;
-    const float vi = a.beta2 * v_old + (1.0f - a.beta2) * g * g;
-    p -= step_size * mi / (sqrtf(vi) / bc2_sqrt + a.eps);
-    master[i] = p;
-    if (out) store(out, i, p);
-    m_new[k] = mi;
-    v_new[k] = vi;
-    max_m = fmaxf(max_m, fabsf(mi));
-    max_v = fmaxf(max_v, vi);
+  for (int k = 0; k < 8; ++k) {
+    const float mag = q8_decode(smap, cm[k] & 0x7F);
+    const float m_old = ((cm[k] & 0x80) ? -mag : mag) * am_old;
+    const float v_old = q8_decode(umap, cv[k]) * av_old;
+    const float gk = g[k] * a.grad_scale;
+    const float mi = a.beta1 * m_old + (1.0f - a.beta1) * gk;
+    const float vi = a.beta2 * v_old + (1.0f - a.beta2) * gk * gk;
+    p[k] = p[k] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + a.eps);
+    m_new[k] = k < count ? mi : 0.0f;
+    v_new[k] = k < count ? vi : 0.0f;
+    max_m = fmaxf(max_m, fabsf(m_new[k]));
+    max_v = fmaxf(max_v, v_new[k]);
+  }
+  if (full) {
+    store8(master + i0, p);
+    if (out) store8(out + i0, p);
+  } else {
+    for (int k = 0; k < count; ++k) {
+      master[i0 + k] = p[k];
+      if (out) store(out, i0 + k, p[k]);
+    }
   }
   // Block-wide absmax of the new moments.
   for (int off = 16; off > 0; off >>= 1) {
@@ -131,16 +206,29 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
   }
   const float inv_m = max_m > 0.0f ? 1.0f / max_m : 0.0f, inv_v = max_v > 0.0f ? 1.0f / max_v : 0.0f;
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int64_t i = base + k * kQ8Threads + threadIdx.x;
-    if (i >= n) continue;
+  for (int k = 0; k < 8; ++k) {
     const float ym = m_new[k] * inv_m, yv = v_new[k] * inv_v;
-    int cm = q8_encode(smap, fabsf(ym));
-    if (signbit(ym)) cm |= 0x80;
-    int cv = q8_encode(umap, yv);
-    if (cv == 0 && yv > 0.0f) cv = 1;  // a positive second moment never becomes 0
-    qm[i] = static_cast<uint8_t>(cm);
-    qv[i] = static_cast<uint8_t>(cv);
+    int c = q8_encode(smap, fabsf(ym));
+    if (signbit(ym)) c |= 0x80;
+    cm[k] = static_cast<uint8_t>(c);
+    c = q8_encode(umap, yv);
+    if (c == 0 && yv > 0.0f) c = 1;  // a positive second moment never becomes 0
+    cv[k] = static_cast<uint8_t>(c);
+  }
+  if (full) {
+    uint2 rm, rv;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      reinterpret_cast<uint8_t*>(&rm)[k] = cm[k];
+      reinterpret_cast<uint8_t*>(&rv)[k] = cv[k];
+    }
+    *reinterpret_cast<uint2*>(qm + i0) = rm;
+    *reinterpret_cast<uint2*>(qv + i0) = rv;
+  } else {
+    for (int k = 0; k < count; ++k) {
+      qm[i0 + k] = cm[k];
+      qv[i0 + k] = cv[k];
+    }
   }
   if (threadIdx.x == 0) {
     am[blockIdx.x] = max_m;
@@ -158,14 +246,20 @@ void adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, co
   constexpr int64_t kBlockValues = kPerThread * kQ8Threads;
   static_assert(kBlockValues == quant8::kBlock, "one CUDA block per quantisation block");
   auto s = static_cast<cudaStream_t>(stream);
+  const Quant8Map maps[2] = {smap, umap};
+  CUDA_CHECK(cudaMemcpyToSymbolAsync(c_q8_maps, maps, sizeof maps, 0, cudaMemcpyHostToDevice, s));
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
   const float bc2_sqrt =
       std::sqrt(1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step))));
   const int blocks = static_cast<int>((n + kBlockValues - 1) / kBlockValues);
+  // 16-byte accesses need 16-byte aligned arrays (8-byte for the codes).
+  const auto aligned = [](const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
+  const bool vec = aligned(master, 16) && aligned(grad, 16) && (!param_out || aligned(param_out, 16)) &&
+                   aligned(qm, 8) && aligned(qv, 8);
   const bool g16 = grad_dtype == DType::kBFloat16, p16 = param_dtype == DType::kBFloat16;
 #define Q8_LAUNCH(G, P)                                                                                        \
-  adamw8bit_kernel<kPerThread><<<blocks, kQ8Threads, 0, s>>>(master, qm, qv, am, av, static_cast<const G*>(grad), \
-                                                             static_cast<P*>(param_out), n, a, bc1, bc2_sqrt, smap, umap)
+  adamw8bit_kernel<<<blocks, kQ8Threads, 0, s>>>(master, qm, qv, am, av, static_cast<const G*>(grad), \
+                                                 static_cast<P*>(param_out), n, a, bc1, bc2_sqrt, vec)
   if (g16 && p16) Q8_LAUNCH(__nv_bfloat16, __nv_bfloat16);
   else if (g16) Q8_LAUNCH(__nv_bfloat16, float);
   else if (p16) Q8_LAUNCH(float, __nv_bfloat16);

@@ -161,7 +161,6 @@ int main(int argc, char** argv) {
   }
   size_t q8_best = 0;
   for (SimdLevel level : levels) {
-    if (level == SimdLevel::kAvx2) continue;  // the 8-bit path has scalar and AVX-512 bodies
     rows.push_back({std::string("stepcast cpu_adamw8bit ") + simd_name(level) + " bf16 grad", 16.0,
                     median(time_it(repeats, [&] {
                       args.step = ++step;
@@ -174,8 +173,10 @@ int main(int argc, char** argv) {
   }
 
   const double ref = rows.front().s;
-  std::printf("CPU AdamW, %lld parameters, %d threads, SIMD available: %s, LibTorch %s\n",
-              static_cast<long long>(n), threads, simd_name(cpu_simd_level()), TORCH_VERSION);
+  std::printf("CPU AdamW, %lld parameters, %d threads, SIMD available: %s (auto-tuned: fp32 %s, 8-bit %s), LibTorch %s\n",
+              static_cast<long long>(n), threads, simd_name(cpu_simd_level()),
+              simd_name(tuned_simd_level(CpuKernel::kAdamW)), simd_name(tuned_simd_level(CpuKernel::kAdamW8bit)),
+              TORCH_VERSION);
   std::printf("measured bandwidth (AdamW's traffic pattern, trivial arithmetic, same threads): %.1f GB/s\n", bw / 1e9);
   std::printf("%-44s %8s %9s %9s %9s %9s %9s\n", "variant", "B/param", "median", "Gparam/s", "GB/s", "of bound",
               "vs torch");

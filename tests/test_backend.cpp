@@ -191,8 +191,11 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
   };
   torch::Tensor q_scalar, q_simd;
   const torch::Tensor scalar = run8(SimdLevel::kScalar, q_scalar);
-  if (cpu_simd_level() == SimdLevel::kAvx512) {
-    const torch::Tensor simd = run8(SimdLevel::kAvx512, q_simd);
+  for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (level == SimdLevel::kAvx512 && cpu_simd_level() != SimdLevel::kAvx512) continue;
+    if (level == SimdLevel::kAvx2 && cpu_simd_level() == SimdLevel::kScalar) continue;
+    CAPTURE(simd_name(level));
+    const torch::Tensor simd = run8(level, q_simd);
     // FMA vs separate multiply-add in the moment updates: codes may differ by one step, rarely.
     const auto code_diff = (q_simd.to(torch::kInt) - q_scalar.to(torch::kInt)).abs();
     CHECK(code_diff.gt(1).sum().item<int64_t>() <= n / 1000);  // beyond one step only across a sign flip near 0
