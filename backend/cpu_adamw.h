@@ -19,9 +19,9 @@ const char* simd_name(SimdLevel level);
 
 // What kAuto resolves to for each kernel: $STEPCAST_CPU_SIMD (scalar, avx2 or
 // avx512) when set, else the fastest level this CPU has, timed once per
-// process on 4 Mi parameters with the optimizer's threads (on the H200 host's
-// Xeon the AVX2 body beat AVX-512 for fp32 AdamW; on the development EPYC the
-// reverse).
+// process on 16 Mi parameters with the optimizer's threads, the widest unless
+// a narrower one is 5 % faster (on the H200 host's Xeon, AVX2 beat AVX-512
+// for fp32 AdamW in one session and not in the next; AVX-512 won for 8-bit).
 enum class CpuKernel { kAdamW, kAdamW8bit };
 SimdLevel tuned_simd_level(CpuKernel kernel);
 

@@ -164,6 +164,10 @@ int run_rank(const Flags& f, const CLI::App& app) {
                         {"git_commit", STEPCAST_GIT_COMMIT},
                         {"world_size", rv.world},
                         {"data", tokens.description()}};
+  if (cfg.offload_optimizer == OffloadDevice::kCpu) {
+    const CpuKernel k = cfg.optimizer == OptimizerKind::kAdamW8bit ? CpuKernel::kAdamW8bit : CpuKernel::kAdamW;
+    env["cpu_optimizer"] = {{"threads", cpu_threads()}, {"simd", simd_name(tuned_simd_level(k))}};
+  }
   if (lead && !f.quiet) {
     std::printf("train: %s (%lld parameters), %s, stage %d, offload %s/%s, %s, micro-batch %lld x GAS %lld x %d ranks, seq %lld%s\n",
                 spec.name.c_str(), static_cast<long long>(engine->num_params()), rt->device_name().c_str(), cfg.zero_stage,
