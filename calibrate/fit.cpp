@@ -93,7 +93,8 @@ Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
 std::vector<Coef> default_free_coefs() {
   return {kGemmEffMaxFrac, kGemmHalfDim,         kBackwardSlowdownMult, kElementwiseTrafficMult,
           kLayerOverheadS, kGpuOptBwEffFrac,     kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,
-          kActBytesMult,   kGpuWorkspaceBytes,   kIntraBusEffFrac,      kCollLatencyS};
+          kActBytesMult,   kGpuWorkspaceBytes,   kCollLatencyS,         kCpuOptOverlapFrac,
+          kCpuLaneFlopsPerS};
 }
 
 FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector& start, const FitOptions& opt) {

@@ -26,9 +26,11 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
                                   ? limits.host_memory_bytes_node
                                   : hw.host.memory_bytes_per_gpu * config.gpus_per_node;
   char buf[200];
-  if (p.memory.gpu_total > p.gpu_memory_limit_bytes) {
-    std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, %.1f GiB available",
-                  p.memory.gpu_total / 1073741824.0, p.gpu_memory_limit_bytes / 1073741824.0);
+  if (p.memory.gpu_total > (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes) {
+    std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, %.1f GiB usable (%.1f GiB less %.0f %% headroom)",
+                  p.memory.gpu_total / 1073741824.0,
+                  (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes / 1073741824.0,
+                  p.gpu_memory_limit_bytes / 1073741824.0, 100.0 * kGpuMemoryHeadroomFrac);
     p.reason = buf;
   } else if (p.memory.host_node_total > p.host_memory_limit_bytes) {
     std::snprintf(buf, sizeof buf, "needs %.1f GiB of host memory per node, %.1f GiB available",

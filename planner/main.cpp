@@ -310,10 +310,6 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
   if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
   SearchRequest req = make_request(o, global_batch, optimizers);
   const TrainConfig& base = req.base;
-  // The backend runs AdamW with fp32 states (8-bit states are the next backend issue).
-  req.optimizers.erase(std::remove(req.optimizers.begin(), req.optimizers.end(), OptimizerKind::kAdamW8bit),
-                       req.optimizers.end());
-  if (req.optimizers.empty()) throw InputError("--optimizers: the backend runs adamw only");
   SearchResult res = search_plans(req);
   if (res.ranked.empty()) throw InputError("nothing fits: no plan to validate");
   const std::string train = train_binary(v.train);
@@ -485,11 +481,11 @@ int main_impl(int argc, char** argv) {
   CommonOptions val_opts;
   ValidateOptions vo;
   int64_t val_global_batch = 64;
-  std::string val_optimizers = "adamw";
+  std::string val_optimizers = "adamw,adamw8bit";
   CLI::App* val = app.add_subcommand("validate", "run the top plans on the backend and compare with the prediction");
   add_common(val, val_opts);
   val->add_option("--global-batch", val_global_batch, "sequences per optimizer step across all ranks")->capture_default_str();
-  val->add_option("--optimizers", val_optimizers, "optimizers to search (the backend runs adamw)")->capture_default_str();
+  val->add_option("--optimizers", val_optimizers, "comma-separated: adamw, adamw8bit")->capture_default_str();
   val->add_option("--top", vo.top, "plans to run")->capture_default_str();
   val->add_option("--steps", vo.steps, "steps per plan (the first is warm-up)")->capture_default_str();
   val->add_option("--train", vo.train, "path of the train binary");

@@ -88,6 +88,7 @@ std::string dominant_cost(const Prediction& p, double* share_out) {
     if (comps[i].seconds > comps[best].seconds) best = i;
   const double share = comps[best].seconds / p.time.step;
   if (share_out) *share_out = share;
+  if (share < 0.005) return "nothing beyond forward and backward costs 0.5 % of its step";
   return pct(share) + " of the step is " + comps[best].name;
 }
 

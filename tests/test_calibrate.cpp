@@ -14,6 +14,8 @@
 using namespace stepcast;
 using namespace stepcast::calibrate;
 
+namespace fs = std::filesystem;
+
 namespace {
 
 // Known "true" coefficients: every free coefficient moved away from its default.
@@ -75,6 +77,14 @@ std::vector<Observation> synthetic(uint64_t seed) {
   return out;
 }
 
+// The synthetic set spans 1-4 GPUs and every stage, so it also identifies the
+// link efficiency (which the H200 fit takes from nccl-tests instead).
+std::vector<Coef> synthetic_free() {
+  std::vector<Coef> free = default_free_coefs();
+  free.push_back(kIntraBusEffFrac);
+  return free;
+}
+
 void check_recovered(const FitResult& fit) {
   const CoefVector t = truth();
   // Well-identified coefficients (they dominate some phase of some run): 5 %.
@@ -89,7 +99,7 @@ void check_recovered(const FitResult& fit) {
     CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.30));
   }
   // The true values lie within a few standard errors of the fit.
-  for (Coef c : default_free_coefs()) {
+  for (Coef c : synthetic_free()) {
     CAPTURE(coef_table()[c].name);
     CHECK(std::abs(fit.coefs[c] - t[c]) <= 5 * fit.std_errors[c] + 1e-3 * std::abs(t[c]));
   }
@@ -101,7 +111,7 @@ TEST_CASE("synthetic recovery: known coefficients come back from noisy measureme
   const auto obs = synthetic(11);
   REQUIRE(obs.size() > 100);
   FitOptions fo;
-  fo.free = default_free_coefs();
+  fo.free = synthetic_free();
   const FitResult fit = fit_coefficients(obs, default_coefs(), fo);
   CHECK(fit.converged);
   CHECK(fit.covariance_ok);
@@ -113,7 +123,7 @@ TEST_CASE("synthetic recovery: known coefficients come back from noisy measureme
 TEST_CASE("synthetic recovery from a bad starting point") {
   const auto obs = synthetic(12);
   FitOptions fo;
-  fo.free = default_free_coefs();
+  fo.free = synthetic_free();
   CoefVector start = default_coefs();
   for (Coef c : fo.free) {
     const CoefInfo& info = coef_table()[c];
@@ -126,7 +136,7 @@ TEST_CASE("synthetic recovery from a bad starting point") {
 TEST_CASE("the Jet and finite-difference step-time uncertainties agree") {
   const auto obs = synthetic(13);
   FitOptions fo;
-  fo.free = default_free_coefs();
+  fo.free = synthetic_free();
   const FitResult fit = fit_coefficients(obs, default_coefs(), fo);
   for (size_t i = 0; i < obs.size(); i += 17) {
     const double jet = calibrate::step_time_std_s(obs[i].features, fit.coefs, fit.covariance);
@@ -138,12 +148,15 @@ TEST_CASE("the Jet and finite-difference step-time uncertainties agree") {
 TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   // data/hardware/h200-sxm.toml was written by
   //   calibrate fit --runs data/runs/h200-sxm/2026-11-29_backend_v1_b.jsonl
-  //                        data/runs/h200-sxm/2026-11-29_backend_v1_c_gptj.jsonl --hardware h200-sxm
+  //                        data/runs/h200-sxm/2026-11-29_backend_v1_c_gptj.jsonl
+  //                        data/runs/h200-sxm/2026-11-30_backend_v2_a.jsonl
+  //                        data/runs/h200-sxm/2026-11-30_backend_v2_b.jsonl --hardware h200-sxm
   // (hold-out fraction 0.25, seed 1). Refit and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
-  const auto runs = load_runs({test::data_dir() / "runs/h200-sxm/2026-11-29_backend_v1_b.jsonl",
-                               test::data_dir() / "runs/h200-sxm/2026-11-29_backend_v1_c_gptj.jsonl"},
+  const fs::path d = test::data_dir() / "runs/h200-sxm";
+  const auto runs = load_runs({d / "2026-11-29_backend_v1_b.jsonl", d / "2026-11-29_backend_v1_c_gptj.jsonl",
+                               d / "2026-11-30_backend_v2_a.jsonl", d / "2026-11-30_backend_v2_b.jsonl"},
                               test::data_dir());
   std::vector<Observation> obs;
   for (const auto& r : runs) {
