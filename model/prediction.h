@@ -29,10 +29,12 @@ struct Prediction {
   std::string reason;  // why it does not fit; empty when it fits
 };
 
-// A plan fits when its predicted peak stays this far under the GPU's memory:
-// the memory model's largest error on the H200 runs is 1.2 %, and a run that
-// sits at 99.9 % of the device fails on the first allocator hiccup.
-inline constexpr double kGpuMemoryHeadroomFrac = 0.03;
+// A plan fits when its predicted peak stays this far under the GPU's memory.
+// The memory model's largest error on the calibration runs is 1.2 %, but
+// `planner validate` on 2 x H200 found gpt-j-6b at micro-batch 16 (beyond the
+// calibrated micro-batches, <= 8) out of memory at 139.8 GiB where 135.5 GiB
+// was predicted: under-prediction of at least 3.2 % when extrapolating. 5 %.
+inline constexpr double kGpuMemoryHeadroomFrac = 0.05;
 
 // Evaluates `config`. Limits of 0 take the profile's figures.
 Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,

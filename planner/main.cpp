@@ -360,7 +360,9 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
   }
   double best = 0;
   for (const auto& m : out) best = std::max(best, m.tokens_per_s);
-  const double regret = best > 0 && out.front().tokens_per_s > 0 ? 1.0 - out.front().tokens_per_s / best : 0.0;
+  // A top plan that did not run (out of memory, ...) loses everything: regret 100 %.
+  const bool top_failed = out.front().rc != 0 || out.front().tokens_per_s <= 0;
+  const double regret = top_failed ? 1.0 : (best > 0 ? 1.0 - out.front().tokens_per_s / best : 0.0);
   if (o.json) {
     nlohmann::json j;
     j["model"] = model_to_json(req.model);
@@ -373,6 +375,7 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
       j["validated"].push_back(r);
     }
     j["top_plan_regret"] = regret;
+    j["top_plan_failed"] = top_failed;
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("%-2s %-48s %6s %4s %10s %10s %8s %12s %12s\n", "#", "plan", "micro", "GAS", "pred step", "meas step",
@@ -381,13 +384,17 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
     for (size_t i = 0; i < out.size(); ++i) {
       const auto& m = out[i];
       const std::string label = family_name(m.plan->config) + (m.plan->config.activation_checkpointing ? " + ckpt" : "");
-      std::printf("%-2zu %-48s %6lld %4lld %10.3f %10.3f %+8.1f %12.0f %12.0f%s\n", i + 1, label.c_str(),
+      const std::string err = m.step_s > 0 ? fmt_double("%+8.1f", 100.0 * (m.plan->time.step / m.step_s - 1)) : "     n/a";
+      std::printf("%-2zu %-48s %6lld %4lld %10.3f %10.3f %8s %12.0f %12.0f%s\n", i + 1, label.c_str(),
                   static_cast<long long>(m.plan->config.micro_batch), static_cast<long long>(m.plan->config.gas),
-                  m.plan->time.step, m.step_s, m.step_s > 0 ? 100.0 * (m.plan->time.step / m.step_s - 1) : 0.0,
-                  m.plan->throughput.tokens_per_s, m.tokens_per_s, m.rc ? ("  (train exited " + std::to_string(m.rc) + ")").c_str() : "");
+                  m.plan->time.step, m.step_s, err.c_str(), m.plan->throughput.tokens_per_s, m.tokens_per_s,
+                  m.rc ? ("  (train exited " + std::to_string(m.rc) + (m.rc == 3 ? ": out of memory" : "") + ")").c_str() : "");
     }
-    std::printf("regret of the top plan against the best measured: %.1f %%\nruns appended to %s (refit: calibrate fit --runs ...)\n",
-                100.0 * regret, log.c_str());
+    if (top_failed)
+      std::printf("the top plan did not run: regret 100 %% (the best plan that ran reached %.0f tokens/s)\n", best);
+    else
+      std::printf("regret of the top plan against the best measured: %.1f %%\n", 100.0 * regret);
+    std::printf("runs appended to %s (refit: calibrate fit --runs ...)\n", log.c_str());
   }
   for (const auto& m : out)
     if (m.rc != 0) return 1;

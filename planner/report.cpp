@@ -114,7 +114,8 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                  {"optimizer", t.optimizer},
                  {"grad_comm_total", t.grad_comm_total},
                  {"param_gather_total", t.param_gather_total},
-                 {"offload_transfer_total", t.offload_transfer_total}};
+                 {"offload_transfer_total", t.offload_transfer_total},
+                 {"optimizer_total", t.optimizer_total}};
   j["throughput"] = {{"tokens_per_s", p.throughput.tokens_per_s},
                      {"world_samples_per_s", p.throughput.world_samples_per_s},
                      {"rank_samples_per_s", p.throughput.rank_samples_per_s},
