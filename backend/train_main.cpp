@@ -21,9 +21,7 @@
 #include "model/prediction.h"
 #include "planner/atomic_file.h"
 
-#ifndef STEPCAST_GIT_COMMIT
-#define STEPCAST_GIT_COMMIT "unknown"
-#endif
+#include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
 
 namespace stepcast::backend {
 namespace {

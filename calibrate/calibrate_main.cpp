@@ -25,9 +25,7 @@
 #include "planner/atomic_file.h"
 #include "planner/train_binary.h"
 
-#ifndef STEPCAST_GIT_COMMIT
-#define STEPCAST_GIT_COMMIT "unknown"
-#endif
+#include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
 
 namespace stepcast::calibrate {
 namespace {
