@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "backend/adamw_math.h"
 #include "backend/cpu_adamw.h"
@@ -66,7 +67,7 @@ void block_scalar(const Block8& b, const Consts& c) {
   pass2_scalar(b, 0, mb, vb, max_m > 0 ? 1.0f / max_m : 0.0f, max_v > 0 ? 1.0f / max_v : 0.0f);
 }
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd")))
 
 AVX512 inline __m512i load_codes(const uint8_t* q) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
@@ -78,54 +79,96 @@ AVX512 inline __m512 load_grad(GradIn g, int64_t i) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// The map's per-level constants in registers (16 slots: a permute reads them by level).
+// The map's constants in registers. Levels: first point and spacing per level
+// (16 slots, a permute reads them; slot 15 is 0 so that code 0 decodes to 0).
+// Encoding finds the level from the float's binade: y in [2^-i, 2^-i+1) has
+// level base[i] + (y >= split[i]), since a binade holds at most one of the
+// level thresholds (checked when the tables are built).
 struct MapRegs {
   __m512 first, step, inv_step, zero_threshold;
-  __m512 threshold[7];
-  int levels;
+  __m512i base_lo, base_hi;    // base[0..31]
+  __m512 split_lo, split_hi;   // split[0..31]
 };
 
 AVX512 MapRegs map_regs(const quant8::Map& m) {
+  alignas(64) float first[16] = {}, step[16] = {}, inv_step[16] = {}, split[32];
+  alignas(64) int32_t base[32];
+  for (int i = 0; i < m.bits; ++i) {
+    first[i] = m.first[i];
+    step[i] = m.step[i];
+    inv_step[i] = m.inv_step[i];
+  }
+  for (int i = 0; i < 32; ++i) {
+    const float lo = std::ldexp(1.0f, -i), hi = std::ldexp(1.0f, 1 - i);
+    int level = 0, inside = 0;
+    split[i] = 2.0f;  // no threshold in this binade: y < 2 always
+    for (int k = 0; k + 1 < m.bits; ++k) {
+      if (m.threshold[k] <= lo) ++level;
+      else if (m.threshold[k] < hi) {
+        split[i] = m.threshold[k];
+        ++inside;
+      }
+    }
+    if (inside > 1) throw std::logic_error("quant8: a binade holds two level thresholds");
+    base[i] = level;
+  }
   MapRegs r;
-  r.first = _mm512_loadu_ps(m.first);
-  r.step = _mm512_loadu_ps(m.step);
-  r.inv_step = _mm512_loadu_ps(m.inv_step);
+  r.first = _mm512_load_ps(first);
+  r.step = _mm512_load_ps(step);
+  r.inv_step = _mm512_load_ps(inv_step);
   r.zero_threshold = _mm512_set1_ps(m.zero_threshold);
-  r.levels = m.bits;
-  for (int k = 0; k + 1 < m.bits; ++k) r.threshold[k] = _mm512_set1_ps(m.threshold[k]);
+  r.base_lo = _mm512_load_si512(base);
+  r.base_hi = _mm512_load_si512(base + 16);
+  r.split_lo = _mm512_load_ps(split);
+  r.split_hi = _mm512_load_ps(split + 16);
   return r;
 }
 
 // quant8::encode_magnitude on 16 lanes; y already clamped to [0, 1].
 AVX512 inline __m512i encode16(const MapRegs& r, __m512 y) {
   const __m512i one = _mm512_set1_epi32(1);
-  __m512i level = _mm512_setzero_si512();
-  for (int k = 0; k + 1 < r.levels; ++k)
-    level = _mm512_mask_add_epi32(level, _mm512_cmp_ps_mask(y, r.threshold[k], _CMP_GE_OQ), level, one);
+  // Binade index 127 - exponent, in [0, 31] (y <= 1; zero and tiny values land on 31).
+  const __m512i binade = _mm512_min_epi32(
+      _mm512_sub_epi32(_mm512_set1_epi32(127), _mm512_srli_epi32(_mm512_castps_si512(y), 23)), _mm512_set1_epi32(31));
+  __m512i level = _mm512_permutex2var_epi32(r.base_lo, binade, r.base_hi);
+  const __m512 split = _mm512_permutex2var_ps(r.split_lo, binade, r.split_hi);
+  level = _mm512_mask_add_epi32(level, _mm512_cmp_ps_mask(y, split, _CMP_GE_OQ), level, one);
   const __m512 t = _mm512_mul_ps(_mm512_sub_ps(y, _mm512_permutexvar_ps(level, r.first)),
                                  _mm512_permutexvar_ps(level, r.inv_step));
   const __m512i base = _mm512_sllv_epi32(one, level);  // 2^level
-  __m512i j = _mm512_cvtps_epi32(t);                   // round to nearest even, as nearbyint
+  __m512i j = _mm512_cvtps_epi32(t);                   // round to nearest even, as the scalar encoder
   j = _mm512_max_epi32(_mm512_setzero_si512(), _mm512_min_epi32(j, _mm512_sub_epi32(base, one)));
   const __m512i code = _mm512_add_epi32(base, j);
   return _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(y, r.zero_threshold, _CMP_GE_OQ), code);
 }
 
-// quant8::decode_magnitude on 16 lanes.
+// quant8::decode_magnitude on 16 lanes: level = 31 - lzcnt(code); code 0 gives
+// level -1, whose slot 15 holds zeros, and a shift count past 31 gives 0.
 AVX512 inline __m512 decode16(const MapRegs& r, __m512i code) {
-  // floor(log2 c) from the exponent of float(c) (exact for c < 2^24).
-  const __m512i level =
-      _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(code)), 23), _mm512_set1_epi32(127));
+  const __m512i level = _mm512_sub_epi32(_mm512_set1_epi32(31), _mm512_lzcnt_epi32(code));
   const __m512i j = _mm512_sub_epi32(code, _mm512_sllv_epi32(_mm512_set1_epi32(1), level));
-  const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(j), _mm512_permutexvar_ps(level, r.step),
-                                   _mm512_permutexvar_ps(level, r.first));
-  return _mm512_maskz_mov_ps(_mm512_test_epi32_mask(code, code), v);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(j), _mm512_permutexvar_ps(level, r.step),
+                         _mm512_permutexvar_ps(level, r.first));
+}
+
+// 1 / d and sqrt(v) from the 14-bit estimates plus one Newton step (~23 bits):
+// pipelined, where the divide and the square root hold their unit for 12-16 cycles.
+AVX512 inline __m512 recip(__m512 d) {
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+}
+
+AVX512 inline __m512 sqrt_nr(__m512 v) {
+  const __m512 rs = _mm512_rsqrt14_ps(v);
+  const __m512 s0 = _mm512_mul_ps(v, rs);
+  const __m512 s = _mm512_mul_ps(s0, _mm512_fnmadd_ps(_mm512_mul_ps(s0, rs), _mm512_set1_ps(0.5f), _mm512_set1_ps(1.5f)));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), s);  // sqrt(0) = 0, not 0 x inf
 }
 
 AVX512 void block_avx512(const Block8& b, const Consts& c) {
   alignas(64) float mb[kBlock], vb[kBlock];
-  const MapRegs smap = map_regs(quant8::signed_magnitudes());
-  const MapRegs umap = map_regs(quant8::unsigned_map());
+  static const MapRegs smap = map_regs(quant8::signed_magnitudes());
+  static const MapRegs umap = map_regs(quant8::unsigned_map());
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), omb1 = _mm512_set1_ps(c.one_minus_b1),
                omb2 = _mm512_set1_ps(c.one_minus_b2), ibc2 = _mm512_set1_ps(c.inv_bc2_sqrt),
                eps = _mm512_set1_ps(c.eps), ss = _mm512_set1_ps(c.step_size), dec = _mm512_set1_ps(c.decay),
@@ -143,8 +186,8 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
     __m512 x = _mm512_mul_ps(_mm512_loadu_ps(b.p + i), dec);
     const __m512 mi = _mm512_fmadd_ps(b1, m_old, _mm512_mul_ps(omb1, gi));
     const __m512 vi = _mm512_fmadd_ps(b2, v_old, _mm512_mul_ps(omb2, _mm512_mul_ps(gi, gi)));
-    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), ibc2, eps);
-    x = _mm512_sub_ps(x, _mm512_mul_ps(ss, _mm512_div_ps(mi, denom)));
+    const __m512 denom = _mm512_fmadd_ps(sqrt_nr(vi), ibc2, eps);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(ss, _mm512_mul_ps(mi, recip(denom))));
     _mm512_storeu_ps(b.p + i, x);
     _mm512_store_ps(mb + i, mi);
     _mm512_store_ps(vb + i, vi);
@@ -319,6 +362,11 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                    const kernels::AdamWArgs& a, SimdLevel level) {
   const Consts c = consts_of(a);
   if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW8bit);
+  // The AVX-512 body also needs AVX512CD (lzcnt); without it the AVX2 body runs.
+  static const bool has_cd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512cd") != 0;
+  }();
   const int64_t gsize = grad_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
@@ -334,7 +382,10 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                out_dtype,
                std::min(kBlock, n - s)};
       switch (level) {
-        case SimdLevel::kAvx512: block_avx512(b, c); break;
+        case SimdLevel::kAvx512:
+          if (has_cd) block_avx512(b, c);
+          else block_avx2(b, c);
+          break;
         case SimdLevel::kAvx2: block_avx2(b, c); break;
         default: block_scalar(b, c); break;
       }
