@@ -21,28 +21,13 @@
 
 #include "backend/cpu_adamw.h"
 #include "backend/quant8.h"
+#include "bench/bench_util.h"
 
 using namespace stepcast::backend;
-using Clock = std::chrono::steady_clock;
+using stepcast::bench::median;
+using stepcast::bench::time_runs;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <class Fn>
-std::vector<double> time_it(int repeats, Fn&& fn) {
-  fn();  // warm-up (first touch)
-  std::vector<double> out;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    out.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return out;
-}
 
 // The bound: a kernel with AdamW's exact memory traffic (read g, p, m, v;
 // write p, m, v and a bf16 copy: 30 B per element) and trivial arithmetic,
@@ -87,7 +72,7 @@ double bound_bytes_per_s(int64_t n, int threads, int repeats) {
       });
     for (auto& th : pool) th.join();
   };
-  return 30.0 * n / median(time_it(repeats, run));
+  return 30.0 * n / median(time_runs(repeats, run));
 }
 
 }  // namespace
@@ -126,7 +111,7 @@ int main(int argc, char** argv) {
   {
     auto p = master.clone(), g = grad.clone(), m2 = torch::zeros({n}), v2 = torch::zeros({n});
     auto steps = torch::zeros({1});
-    rows.push_back({"torch _fused_adamw_ (CPU) + bf16 copy", 34.0, median(time_it(repeats, [&] {
+    rows.push_back({"torch _fused_adamw_ (CPU) + bf16 copy", 34.0, median(time_runs(repeats, [&] {
                       at::_fused_adamw_({p}, {g}, {m2}, {v2}, {}, {steps}, 1e-4, 0.9, 0.999, 0.0, 1e-8, false, false);
                       out.copy_(p);
                     }))});
@@ -136,7 +121,7 @@ int main(int argc, char** argv) {
     auto p = master.clone().requires_grad_(true);
     torch::optim::AdamW opt({p}, torch::optim::AdamWOptions(1e-4));
     p.mutable_grad() = grad.clone();
-    rows.push_back({"torch::optim::AdamW + bf16 copy", 34.0, median(time_it(repeats, [&] {
+    rows.push_back({"torch::optim::AdamW + bf16 copy", 34.0, median(time_runs(repeats, [&] {
                       opt.step();
                       out.copy_(p.detach());
                     }))});
@@ -149,7 +134,7 @@ int main(int argc, char** argv) {
   for (SimdLevel level : levels) {
     for (bool g16 : {false, true}) {
       rows.push_back({std::string("stepcast cpu_adamw ") + simd_name(level) + (g16 ? " bf16 grad" : " fp32 grad"),
-                      g16 ? 28.0 : 30.0, median(time_it(repeats, [&] {
+                      g16 ? 28.0 : 30.0, median(time_runs(repeats, [&] {
                         args.step = ++step;
                         cpu_adamw(master.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
                                   g16 ? grad16.data_ptr() : grad.data_ptr(),
@@ -162,7 +147,7 @@ int main(int argc, char** argv) {
   size_t q8_best = 0;
   for (SimdLevel level : levels) {
     rows.push_back({std::string("stepcast cpu_adamw8bit ") + simd_name(level) + " bf16 grad", 16.0,
-                    median(time_it(repeats, [&] {
+                    median(time_runs(repeats, [&] {
                       args.step = ++step;
                       cpu_adamw8bit(master.data_ptr<float>(), code_m.data_ptr<uint8_t>(), code_v.data_ptr<uint8_t>(),
                                     absmax_m.data_ptr<float>(), absmax_v.data_ptr<float>(), grad16.data_ptr(),

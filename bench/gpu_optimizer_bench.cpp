@@ -17,29 +17,15 @@
 
 #include "backend/kernels.h"
 #include "backend/quant8.h"
+#include "bench/bench_util.h"
 
 using namespace stepcast::backend;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 template <class Fn>
 double time_median_s(int repeats, Fn&& fn) {
-  fn();
-  cudaDeviceSynchronize();
-  std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    cudaDeviceSynchronize();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return median(t);
+  return stepcast::bench::median(stepcast::bench::time_runs(repeats, fn, [] { cudaDeviceSynchronize(); }));
 }
 
 }  // namespace

@@ -12,15 +12,13 @@
 #include "model/prediction.h"
 #include "planner/plan_search.h"
 
+#include "bench/bench_util.h"
+
 using namespace stepcast;
 using Clock = std::chrono::steady_clock;
+using stepcast::bench::median;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double spread(const std::vector<double>& v) {
   auto [lo, hi] = std::minmax_element(v.begin(), v.end());

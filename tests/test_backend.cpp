@@ -168,6 +168,19 @@ TEST_CASE("8-bit quantisation: the paper's dynamic map, nearest point, error bou
   CHECK(quant8::encode_signed(0.0f) == 0);
 }
 
+namespace {
+
+// The hyper-parameters of the 8-bit tests below, at a given step.
+kernels::AdamWArgs drift_args(int step) {
+  kernels::AdamWArgs a;
+  a.lr = 1e-3f;
+  a.weight_decay = 0.01f;
+  a.step = step;
+  return a;
+}
+
+}  // namespace
+
 TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp32 AdamW") {
   torch::manual_seed(7);
   const int64_t n = 3 * quant8::kBlock + 777;  // a partial last block
@@ -180,10 +193,7 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
     torch::manual_seed(11);
     for (int step = 1; step <= 20; ++step) {
       auto grad = (torch::randn({n}) * 1e-3 + 2e-4).to(torch::kBFloat16);
-      kernels::AdamWArgs a;
-      a.lr = 1e-3f;
-      a.weight_decay = 0.01f;
-      a.step = step;
+      const kernels::AdamWArgs a = drift_args(step);
       cpu_adamw8bit(master.data_ptr<float>(), qm.data_ptr<uint8_t>(), qv.data_ptr<uint8_t>(), am.data_ptr<float>(),
                     av.data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16, out.data_ptr(),
                     kernels::DType::kBFloat16, n, a, level);
@@ -210,10 +220,7 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
   torch::manual_seed(11);
   for (int step = 1; step <= 20; ++step) {
     auto grad = (torch::randn({n}) * 1e-3 + 2e-4).to(torch::kBFloat16);
-    kernels::AdamWArgs a;
-    a.lr = 1e-3f;
-    a.weight_decay = 0.01f;
-    a.step = step;
+    const kernels::AdamWArgs a = drift_args(step);
     cpu_adamw(master.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), grad.data_ptr(),
               kernels::DType::kBFloat16, nullptr, kernels::DType::kBFloat16, n, a);
   }
