@@ -2,6 +2,7 @@
 
 #include "backend/adamw_math.h"
 #include "backend/quant8.h"
+#include "model/errors.h"
 
 #include <immintrin.h>
 
@@ -167,11 +168,13 @@ const char* simd_name(SimdLevel l) {
 namespace {
 
 SimdLevel probe(CpuKernel kernel) {
-  if (const char* env = std::getenv("STEPCAST_CPU_SIMD")) {
+  if (const char* env = std::getenv("STEPCAST_CPU_SIMD"); env && *env) {
     const std::string e = env;
     if (e == "scalar") return SimdLevel::kScalar;
     if (e == "avx2" && cpu_simd_level() != SimdLevel::kScalar) return SimdLevel::kAvx2;
     if (e == "avx512" && cpu_simd_level() == SimdLevel::kAvx512) return SimdLevel::kAvx512;
+    throw InputError("STEPCAST_CPU_SIMD=\"" + e + "\" is not valid here (valid: scalar, avx2, avx512 up to this CPU's " +
+                     simd_name(cpu_simd_level()) + "; or unset to time them)");
   }
   std::vector<SimdLevel> levels;
   if (cpu_simd_level() == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);

@@ -370,6 +370,11 @@ TEST_CASE("faults: NaN loss stops with the step; a dead rank ends the run; bad i
   CHECK(err.find("--offload-params cpu needs --stage 3") != std::string::npos);
   CHECK(train("--model gpt-9", &err) == 2);
   CHECK(err.find("unknown model") != std::string::npos);
+  // A bad SIMD override names the variable and its value.
+  ::setenv("STEPCAST_CPU_SIMD", "sse9", 1);
+  CHECK(train(std::string(kBase) + " --stage 2 --offload-optimizer cpu --steps 1", &err) == 2);
+  ::unsetenv("STEPCAST_CPU_SIMD");
+  CHECK(err.find("STEPCAST_CPU_SIMD=\"sse9\"") != std::string::npos);
 }
 
 TEST_CASE("train --plan runs the planner's plan") {
