@@ -169,6 +169,12 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   sec.precision(9);
   sec << "[coefficients]\ncalibrated = true\n";
   sec << "model_error_frac = " << fit.model_error_frac << "\n";
+  // The planner flags plans whose micro-batch x sequence lies beyond the fitted runs.
+  double max_micro_tokens = 0;
+  for (const auto& r : runs)
+    if (!is_holdout(r.key, holdout_frac, seed))
+      max_micro_tokens = std::max(max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
+  sec << "max_micro_tokens = " << max_micro_tokens << "\n";
   sec << "source = \"calibrate fit " << date << ", git " << STEPCAST_GIT_COMMIT << ", runs fnv1a64:" << fnv1a_hex(all)
       << " (" << obs.size() << " fitted, " << held << " held out, seed " << seed << "); " << fit.summary << "\"\n";
   for (const auto& info : coef_table()) sec << info.name << " = " << fit.coefs[info.id] << "\n";

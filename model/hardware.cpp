@@ -111,6 +111,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         hw.model_error_frac = c->get_double(name, 0.0, 1.0);
         continue;
       }
+      if (name == "max_micro_tokens") {
+        hw.max_micro_tokens = c->get_double(name, 0.0, 1e9);
+        continue;
+      }
       auto id = coef_by_name(name);
       if (!id) {
         std::string valid;
@@ -197,6 +201,11 @@ HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_d
   std::string known;
   for (const auto& n : list_hardware(data_dir)) known += (known.empty() ? "" : ", ") + n;
   throw InputError("unknown hardware '" + name + "' (known: " + known + ")");
+}
+
+bool beyond_calibration(const HardwareProfile& hw, int64_t micro_batch, int64_t seq_len) {
+  return hw.coefs_calibrated && hw.max_micro_tokens > 0 &&
+         static_cast<double>(micro_batch) * static_cast<double>(seq_len) > hw.max_micro_tokens;
 }
 
 }  // namespace stepcast

@@ -60,10 +60,15 @@ struct HardwareProfile {
   std::string coefs_source;
   std::vector<double> coef_std_errors;  // from a fit's covariance; empty when not calibrated
   double model_error_frac = 0;  // RMS relative step-time residual of the fit (added to intervals)
+  double max_micro_tokens = 0;  // largest micro-batch x sequence among the fitted runs; 0 = unknown
   std::vector<std::vector<double>> coef_covariance;  // kNumCoefs x kNumCoefs; empty when not calibrated
 };
 
 HardwareProfile parse_hardware_profile(const std::string& toml_text, const std::string& origin);
+
+// True when a configuration's micro-batch x sequence lies beyond the fitted runs
+// of a calibrated profile: its time and memory are extrapolated.
+bool beyond_calibration(const HardwareProfile& hw, int64_t micro_batch, int64_t seq_len);
 HardwareProfile load_hardware_profile(const std::filesystem::path& path);
 
 // Names of the profiles in data_dir/hardware, sorted.

@@ -97,6 +97,8 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                  {"attention", attention_name(c.attention)}};
   j["family"] = family_name(c);
   j["fits"] = p.fits;
+  // Micro-batch x sequence beyond the calibrated profile's fitted runs: extrapolated.
+  j["extrapolated"] = ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len);
   if (!p.fits) j["reason"] = p.reason;
   // The founding report's split is undefined with GAS = 1: null, not 0.
   nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas) : nlohmann::json(nullptr);
@@ -164,7 +166,8 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
         std::string(offload_name(c.offload_optimizer)) + "/" + offload_name(c.offload_params),
         optimizer_name(c.optimizer),
         c.activation_checkpointing ? "on" : "off",
-        std::to_string(c.micro_batch),
+        std::to_string(c.micro_batch) +
+            (ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len) ? "!" : ""),
         std::to_string(c.gas),
         c.gas > 1 ? fmt("%.3f", p.time.gas) : "n/a*",
         fmt("%.3f", p.time.opt),
@@ -192,6 +195,12 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
   bool any_unknown = false;
   for (const auto& p : plans) any_unknown |= p.step_std_s <= 0;
   if (any_unknown) out += "±95%: ? = no coefficient covariance (profile not calibrated)\n";
+  bool any_beyond = false;
+  for (const auto& p : plans)
+    any_beyond |= ctx.hardware && beyond_calibration(*ctx.hardware, p.config.micro_batch, p.config.seq_len);
+  if (any_beyond)
+    out += "! micro-batch x sequence beyond the calibration runs (<= " + fmt("%.0f", ctx.hardware->max_micro_tokens) +
+           " tokens): time and memory extrapolated (validate before a long run)\n";
   return out;
 }
 
