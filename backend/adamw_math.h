@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu_adamw.h"
 #include "backend/kernels.h"
 
 namespace stepcast::backend {
@@ -45,5 +46,12 @@ struct GradIn {
     return f;
   }
 };
+
+// out[i] = x in the working precision (bf16 rounded to nearest even, or fp32); out may be null.
+inline void store_param(void* out, kernels::DType od, int64_t i, float x) {
+  if (!out) return;
+  if (od == kernels::DType::kBFloat16) static_cast<uint16_t*>(out)[i] = float_to_bf16(x);
+  else static_cast<float*>(out)[i] = x;
+}
 
 }  // namespace stepcast::backend

@@ -1,6 +1,7 @@
 #include "backend/cpu_adamw.h"
 
 #include "backend/adamw_math.h"
+#include "backend/adamw_simd.h"
 #include "backend/quant8.h"
 #include "model/errors.h"
 
@@ -59,92 +60,46 @@ void parallel_chunks(int64_t n, int64_t align, Fn&& fn) {
 void adamw_scalar(float* p, float* m, float* v, GradIn g, void* out, kernels::DType od, int64_t b, int64_t e,
                   const Consts& c) {
   for (int64_t i = b; i < e; ++i) {
-    const float x = adamw_one(p[i], m[i], v[i], g.at(i), c);
-    if (out) {
-      if (od == kernels::DType::kBFloat16) static_cast<uint16_t*>(out)[i] = float_to_bf16(x);
-      else static_cast<float*>(out)[i] = x;
-    }
+    store_param(out, od, i, adamw_one(p[i], m[i], v[i], g.at(i), c));
   }
 }
 
 // AVX-512: 16 parameters per iteration; one pass over p, m, v, g and the output.
-__attribute__((target("avx512f,avx512bw"))) inline __m512 load_grad16(GradIn g, int64_t i) {
-  if (g.dtype == kernels::DType::kFloat32) return _mm512_loadu_ps(static_cast<const float*>(g.ptr) + i);
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g.ptr) + i));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-__attribute__((target("avx2,fma"))) inline __m256 load_grad8(GradIn g, int64_t i) {
-  if (g.dtype == kernels::DType::kFloat32) return _mm256_loadu_ps(static_cast<const float*>(g.ptr) + i);
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(g.ptr) + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-__attribute__((target("avx512f,avx512bw"))) void adamw_avx512(float* p, float* m, float* v, GradIn g,
-                                                               void* out, kernels::DType od, int64_t b, int64_t e,
-                                                               const Consts& c) {
-  const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), omb1 = _mm512_set1_ps(c.one_minus_b1),
-               omb2 = _mm512_set1_ps(c.one_minus_b2), ibc2 = _mm512_set1_ps(c.inv_bc2_sqrt),
-               eps = _mm512_set1_ps(c.eps), ss = _mm512_set1_ps(c.step_size), dec = _mm512_set1_ps(c.decay),
-               sc = _mm512_set1_ps(c.scale);
-  const __m512i round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+STEPCAST_TARGET_AVX512 void adamw_avx512(float* p, float* m, float* v, GradIn g, void* out, kernels::DType od,
+                                         int64_t b, int64_t e, const Consts& c) {
+  const AdamWRegs16 k = adamw_regs16(c);
   int64_t i = b;
   for (; i + 16 <= e; i += 16) {
-    const __m512 gi = _mm512_mul_ps(load_grad16(g, i), sc);
-    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + i), dec);
-    const __m512 mi = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + i), _mm512_mul_ps(omb1, gi));
-    const __m512 vi = _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + i), _mm512_mul_ps(omb2, _mm512_mul_ps(gi, gi)));
-    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), ibc2, eps);
-    x = _mm512_sub_ps(x, _mm512_mul_ps(ss, _mm512_div_ps(mi, denom)));
+    const __m512 gi = _mm512_mul_ps(load_grad16(g, i), k.sc);
+    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + i), k.dec);
+    const __m512 mi = _mm512_fmadd_ps(k.b1, _mm512_loadu_ps(m + i), _mm512_mul_ps(k.omb1, gi));
+    const __m512 vi = _mm512_fmadd_ps(k.b2, _mm512_loadu_ps(v + i), _mm512_mul_ps(k.omb2, _mm512_mul_ps(gi, gi)));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), k.ibc2, k.eps);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(k.ss, _mm512_div_ps(mi, denom)));
     _mm512_storeu_ps(p + i, x);
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
-    if (!out) continue;
-    if (od == kernels::DType::kBFloat16) {
-      // Round to nearest even: bits + 0x7fff + ((bits >> 16) & 1), keep the high half.
-      const __m512i bits = _mm512_castps_si512(x);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-      const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, round_bias), lsb), 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), _mm512_cvtepi32_epi16(r));
-    } else {
-      _mm512_storeu_ps(static_cast<float*>(out) + i, x);
-    }
+    store_out16(out, od, i, x);
   }
   adamw_scalar(p, m, v, g, out, od, i, e, c);
 }
 
 // AVX2 + FMA: 8 parameters per iteration.
-__attribute__((target("avx2,fma"))) void adamw_avx2(float* p, float* m, float* v, GradIn g, void* out,
-                                                     kernels::DType od, int64_t b, int64_t e, const Consts& c) {
-  const __m256 b1 = _mm256_set1_ps(c.b1), b2 = _mm256_set1_ps(c.b2), omb1 = _mm256_set1_ps(c.one_minus_b1),
-               omb2 = _mm256_set1_ps(c.one_minus_b2), ibc2 = _mm256_set1_ps(c.inv_bc2_sqrt),
-               eps = _mm256_set1_ps(c.eps), ss = _mm256_set1_ps(c.step_size), dec = _mm256_set1_ps(c.decay),
-               sc = _mm256_set1_ps(c.scale);
-  const __m256i round_bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+STEPCAST_TARGET_AVX2 void adamw_avx2(float* p, float* m, float* v, GradIn g, void* out, kernels::DType od, int64_t b,
+                                     int64_t e, const Consts& c) {
+  const AdamWRegs8 k = adamw_regs8(c);
   int64_t i = b;
-  for (; i + 16 <= e; i += 16) {
-    __m256i halves[2];
-    for (int h = 0; h < 2; ++h) {
-      const int64_t k = i + 8 * h;
-      const __m256 gi = _mm256_mul_ps(load_grad8(g, k), sc);
-      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + k), dec);
-      const __m256 mi = _mm256_fmadd_ps(b1, _mm256_loadu_ps(m + k), _mm256_mul_ps(omb1, gi));
-      const __m256 vi = _mm256_fmadd_ps(b2, _mm256_loadu_ps(v + k), _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
-      const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), ibc2, eps);
-      x = _mm256_sub_ps(x, _mm256_mul_ps(ss, _mm256_div_ps(mi, denom)));
-      _mm256_storeu_ps(p + k, x);
-      _mm256_storeu_ps(m + k, mi);
-      _mm256_storeu_ps(v + k, vi);
-      if (out && od == kernels::DType::kFloat32) _mm256_storeu_ps(static_cast<float*>(out) + k, x);
-      const __m256i bits = _mm256_castps_si256(x);
-      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
-      halves[h] = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, round_bias), lsb), 16);
-    }
-    if (out && od == kernels::DType::kBFloat16) {
-      // packus interleaves 128-bit lanes: [a0-3 b0-3 a4-7 b4-7] -> reorder the 64-bit quarters.
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves[0], halves[1]), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), packed);
-    }
+  for (; i + 8 <= e; i += 8) {
+    const __m256 gi = _mm256_mul_ps(load_grad8(g, i), k.sc);
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + i), k.dec);
+    const __m256 mi = _mm256_fmadd_ps(k.b1, _mm256_loadu_ps(m + i), _mm256_mul_ps(k.omb1, gi));
+    const __m256 vi = _mm256_fmadd_ps(k.b2, _mm256_loadu_ps(v + i), _mm256_mul_ps(k.omb2, _mm256_mul_ps(gi, gi)));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), k.ibc2, k.eps);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(k.ss, _mm256_div_ps(mi, denom)));
+    _mm256_storeu_ps(p + i, x);
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+    store_out8(out, od, i, x);
   }
   adamw_scalar(p, m, v, g, out, od, i, e, c);
 }

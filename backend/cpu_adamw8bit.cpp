@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "backend/adamw_math.h"
+#include "backend/adamw_simd.h"
 #include "backend/cpu_adamw.h"
 #include "backend/quant8.h"
 
@@ -30,12 +31,6 @@ struct Block8 {
   int64_t n;  // values in the block (kBlock but for the last)
 };
 
-inline void store_out(void* out, kernels::DType od, int64_t i, float x) {
-  if (!out) return;
-  if (od == kernels::DType::kBFloat16) static_cast<uint16_t*>(out)[i] = float_to_bf16(x);
-  else static_cast<float*>(out)[i] = x;
-}
-
 // Elements [from, b.n) of a block, scalar; returns the running absmax.
 void pass1_scalar(const Block8& b, int64_t from, const Consts& c, float* mb, float* vb, float& max_m, float& max_v) {
   const float am = *b.am, av = *b.av;
@@ -43,7 +38,7 @@ void pass1_scalar(const Block8& b, int64_t from, const Consts& c, float* mb, flo
     float m = quant8::decode_signed(b.qm[i]) * am;
     float v = quant8::decode_unsigned(b.qv[i]) * av;
     const float x = adamw_one(b.p[i], m, v, b.g.at(i), c);
-    store_out(b.out, b.od, i, x);
+    store_param(b.out, b.od, i, x);
     mb[i] = m;
     vb[i] = v;
     max_m = std::max(max_m, std::fabs(m));
@@ -71,12 +66,6 @@ void block_scalar(const Block8& b, const Consts& c) {
 
 AVX512 inline __m512i load_codes(const uint8_t* q) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-}
-
-AVX512 inline __m512 load_grad(GradIn g, int64_t i) {
-  if (g.dtype == kernels::DType::kFloat32) return _mm512_loadu_ps(static_cast<const float*>(g.ptr) + i);
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g.ptr) + i));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 // The map's constants in registers. Levels: first point and spacing per level
@@ -169,11 +158,9 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
   alignas(64) float mb[kBlock], vb[kBlock];
   static const MapRegs smap = map_regs(quant8::signed_magnitudes());
   static const MapRegs umap = map_regs(quant8::unsigned_map());
-  const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), omb1 = _mm512_set1_ps(c.one_minus_b1),
-               omb2 = _mm512_set1_ps(c.one_minus_b2), ibc2 = _mm512_set1_ps(c.inv_bc2_sqrt),
-               eps = _mm512_set1_ps(c.eps), ss = _mm512_set1_ps(c.step_size), dec = _mm512_set1_ps(c.decay),
-               sc = _mm512_set1_ps(c.scale), am = _mm512_set1_ps(*b.am), av = _mm512_set1_ps(*b.av);
-  const __m512i mask7 = _mm512_set1_epi32(0x7F), round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const AdamWRegs16 k = adamw_regs16(c);
+  const __m512 am = _mm512_set1_ps(*b.am), av = _mm512_set1_ps(*b.av);
+  const __m512i mask7 = _mm512_set1_epi32(0x7F), one = _mm512_set1_epi32(1);
   __m512 vmax_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
   const int64_t body = b.n / 16 * 16;
   for (int64_t i = 0; i < body; i += 16) {
@@ -182,26 +169,18 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
     const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(cm, 7), 31);
     const __m512 m_old = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(mag), sign)), am);
     const __m512 v_old = _mm512_mul_ps(decode16(umap, cv), av);
-    const __m512 gi = _mm512_mul_ps(load_grad(b.g, i), sc);
-    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(b.p + i), dec);
-    const __m512 mi = _mm512_fmadd_ps(b1, m_old, _mm512_mul_ps(omb1, gi));
-    const __m512 vi = _mm512_fmadd_ps(b2, v_old, _mm512_mul_ps(omb2, _mm512_mul_ps(gi, gi)));
-    const __m512 denom = _mm512_fmadd_ps(sqrt_nr(vi), ibc2, eps);
-    x = _mm512_sub_ps(x, _mm512_mul_ps(ss, _mm512_mul_ps(mi, recip(denom))));
+    const __m512 gi = _mm512_mul_ps(load_grad16(b.g, i), k.sc);
+    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(b.p + i), k.dec);
+    const __m512 mi = _mm512_fmadd_ps(k.b1, m_old, _mm512_mul_ps(k.omb1, gi));
+    const __m512 vi = _mm512_fmadd_ps(k.b2, v_old, _mm512_mul_ps(k.omb2, _mm512_mul_ps(gi, gi)));
+    const __m512 denom = _mm512_fmadd_ps(sqrt_nr(vi), k.ibc2, k.eps);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(k.ss, _mm512_mul_ps(mi, recip(denom))));
     _mm512_storeu_ps(b.p + i, x);
     _mm512_store_ps(mb + i, mi);
     _mm512_store_ps(vb + i, vi);
     vmax_m = _mm512_max_ps(vmax_m, _mm512_abs_ps(mi));
     vmax_v = _mm512_max_ps(vmax_v, vi);
-    if (!b.out) continue;
-    if (b.od == kernels::DType::kBFloat16) {
-      const __m512i bits = _mm512_castps_si512(x);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-      const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, round_bias), lsb), 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.out) + i), _mm512_cvtepi32_epi16(r));
-    } else {
-      _mm512_storeu_ps(static_cast<float*>(b.out) + i, x);
-    }
+    store_out16(b.out, b.od, i, x);
   }
   float max_m = _mm512_reduce_max_ps(vmax_m), max_v = _mm512_reduce_max_ps(vmax_v);
   pass1_scalar(b, body, c, mb, vb, max_m, max_v);
@@ -275,12 +254,6 @@ AVX2 inline void store_codes8(uint8_t* q, __m256i c) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(q), _mm_packus_epi16(w, w));
 }
 
-AVX2 inline __m256 load_grad8(GradIn g, int64_t i) {
-  if (g.dtype == kernels::DType::kFloat32) return _mm256_loadu_ps(static_cast<const float*>(g.ptr) + i);
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(g.ptr) + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 AVX2 inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -292,12 +265,10 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
   alignas(64) float mb[kBlock], vb[kBlock];
   const MapRegs8 smap = map_regs8(quant8::signed_magnitudes());
   const MapRegs8 umap = map_regs8(quant8::unsigned_map());
-  const __m256 b1 = _mm256_set1_ps(c.b1), b2 = _mm256_set1_ps(c.b2), omb1 = _mm256_set1_ps(c.one_minus_b1),
-               omb2 = _mm256_set1_ps(c.one_minus_b2), ibc2 = _mm256_set1_ps(c.inv_bc2_sqrt),
-               eps = _mm256_set1_ps(c.eps), ss = _mm256_set1_ps(c.step_size), dec = _mm256_set1_ps(c.decay),
-               sc = _mm256_set1_ps(c.scale), am = _mm256_set1_ps(*b.am), av = _mm256_set1_ps(*b.av);
+  const AdamWRegs8 k = adamw_regs8(c);
+  const __m256 am = _mm256_set1_ps(*b.am), av = _mm256_set1_ps(*b.av);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i mask7 = _mm256_set1_epi32(0x7F), round_bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const __m256i mask7 = _mm256_set1_epi32(0x7F), one = _mm256_set1_epi32(1);
   __m256 vmax_m = _mm256_setzero_ps(), vmax_v = _mm256_setzero_ps();
   const int64_t body = b.n / 8 * 8;
   for (int64_t i = 0; i < body; i += 8) {
@@ -307,27 +278,18 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
     const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(cm, 7), 31);
     const __m256 m_old = _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), am);
     const __m256 v_old = _mm256_mul_ps(decode8(umap, cv), av);
-    const __m256 gi = _mm256_mul_ps(load_grad8(b.g, i), sc);
-    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(b.p + i), dec);
-    const __m256 mi = _mm256_fmadd_ps(b1, m_old, _mm256_mul_ps(omb1, gi));
-    const __m256 vi = _mm256_fmadd_ps(b2, v_old, _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
-    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), ibc2, eps);
-    x = _mm256_sub_ps(x, _mm256_mul_ps(ss, _mm256_div_ps(mi, denom)));
+    const __m256 gi = _mm256_mul_ps(load_grad8(b.g, i), k.sc);
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(b.p + i), k.dec);
+    const __m256 mi = _mm256_fmadd_ps(k.b1, m_old, _mm256_mul_ps(k.omb1, gi));
+    const __m256 vi = _mm256_fmadd_ps(k.b2, v_old, _mm256_mul_ps(k.omb2, _mm256_mul_ps(gi, gi)));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), k.ibc2, k.eps);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(k.ss, _mm256_div_ps(mi, denom)));
     _mm256_storeu_ps(b.p + i, x);
     _mm256_store_ps(mb + i, mi);
     _mm256_store_ps(vb + i, vi);
     vmax_m = _mm256_max_ps(vmax_m, _mm256_and_ps(mi, abs_mask));
     vmax_v = _mm256_max_ps(vmax_v, vi);
-    if (!b.out) continue;
-    if (b.od == kernels::DType::kBFloat16) {
-      const __m256i bits = _mm256_castps_si256(x);
-      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
-      const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, round_bias), lsb), 16);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(b.out) + i),
-                       _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-    } else {
-      _mm256_storeu_ps(static_cast<float*>(b.out) + i, x);
-    }
+    store_out8(b.out, b.od, i, x);
   }
   float max_m = hmax8(vmax_m), max_v = hmax8(vmax_v);
   pass1_scalar(b, body, c, mb, vb, max_m, max_v);

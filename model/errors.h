@@ -2,13 +2,11 @@
 //
 //  - InputError: the user's bad input (CLI value, TOML card, JSON, config.json).
 //    The message names the file, the key, the value and what would be valid.
-//  - STEPCAST_ASSERT: a broken invariant, i.e. our own bug. Aborts with file
-//    and line.
-// Only main() catches InputError; a library never calls exit().
+//  - STEPCAST_ASSERT: a broken invariant, i.e. our own bug. Throws InternalError
+//    naming the expression, file and line (as c10's internal asserts do).
+// Only main() catches these and ends the process; the library never does.
 #pragma once
 
-#include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -19,10 +17,14 @@ class InputError : public std::runtime_error {
   explicit InputError(const std::string& message) : std::runtime_error(message) {}
 };
 
+class InternalError : public std::logic_error {
+ public:
+  explicit InternalError(const std::string& message) : std::logic_error(message) {}
+};
+
 [[noreturn]] inline void assert_fail(const char* expr, const char* file, int line) {
-  std::fprintf(stderr, "stepcast internal error: assertion '%s' failed at %s:%d\n", expr, file,
-               line);
-  std::abort();
+  throw InternalError(std::string("stepcast internal error: assertion '") + expr + "' failed at " + file + ":" +
+                      std::to_string(line));
 }
 
 }  // namespace stepcast

@@ -47,7 +47,6 @@ struct StepFeatures {
   double link_is_inter_node = 0;    // 1 when the ring crosses nodes
   double extra_latency_s = 0;       // inter-node latency added to each call
   // --- offload traffic (PCIe) ----------------------------------------------
-  double d2h_bytes_micro = 0;       // gradient shards to the host, each micro-batch (not in the backend)
   double d2h_bytes_boundary = 0;    // gradient shard to the host, last micro-batch only
   double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch

@@ -7,9 +7,9 @@
 //   micro-batch   = forward + backward (+ recompute)
 //                   + exposed gradient reduction (hidden behind backward up to a share)
 //                   + exposed parameter gathers / uploads (hidden behind compute up to a share)
-//                   + exposed gradient copies to the host (hidden behind backward up to a share)
 //   GAS time      = (GAS - 1) non-boundary micro-batches            (founding report's "GAS Time")
-//   OPT time      = last micro-batch (with the boundary reduction)
+//   OPT time      = last micro-batch (with the boundary reduction and, with CPU offload,
+//                   the gradient copies to the host, hidden behind its backward up to a share)
 //                   + optimizer step + parameter upload + post-step all-gather   ("OPT Time")
 //                   With CPU offload the optimizer, uploads and all-gathers are a pipeline
 //                   over the units that starts during the last backward: only what
@@ -114,7 +114,6 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T pcie_h2d = f.h2d_bytes_per_s * coef[kPcieEffFrac];
   const T pcie_d2h = f.d2h_bytes_per_s * coef[kPcieEffFrac];
   const T param_up_s = f.param_h2d_bytes_micro / pcie_h2d;
-  const T d2h_micro_s = f.d2h_bytes_micro / pcie_d2h;
   const T d2h_boundary_s = f.d2h_bytes_boundary / pcie_d2h;
 
   // Overlap: gradient reduction and copies to the host run on their own
@@ -125,8 +124,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T gather_exposed = max0(gather_s + param_up_s - gather_window);
   const T rs_exposed_micro = max0(rs_micro_s - grad_window);
   const T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
-  const T d2h_exposed_micro = max0(d2h_micro_s - copy_window);
-  const T d2h_exposed_boundary = max0(d2h_micro_s + d2h_boundary_s - copy_window);
+  const T d2h_exposed_boundary = max0(d2h_boundary_s - copy_window);
 
   // All ranks of a host run their CPU work at once and share its cores and
   // DRAM. Harmonic combination, 1 / rate = 1 / (cores x per-core rate) + 1 / DRAM:
@@ -135,7 +133,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T stream_bps = 1.0 / (1.0 / (T(f.dram_bytes_per_s) * coef[kCpuDramEffFrac]) +
                               1.0 / (f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuCoreBytesPerSPerLane]));
 
-  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + d2h_exposed_micro;
+  const T micro_s = compute_s + gather_exposed + rs_exposed_micro;
   const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
 
   // --- optimizer step --------------------------------------------------------
@@ -181,9 +179,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.param_gather = g * gather_exposed;
   out.param_gather_total = g * (gather_s + param_up_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
-  out.offload_transfer = (g - 1.0) * d2h_exposed_micro + d2h_exposed_boundary +
+  out.offload_transfer = d2h_exposed_boundary +
                          (pipelined ? tail_s - optimizer_exposed : upload_s);
-  out.offload_transfer_total = g * d2h_micro_s + d2h_boundary_s + upload_s;
+  out.offload_transfer_total = d2h_boundary_s + upload_s;
   out.optimizer = optimizer_exposed;
   out.optimizer_total = optimizer_s;
   out.gas = (g - 1.0) * micro_s;
