@@ -2,7 +2,8 @@
 //
 //   calibrate fit    --runs data/runs/h200-sxm/*.jsonl --hardware h200-sxm [--out FILE] [--holdout-frac 0.25]
 //   calibrate report --runs ... --hardware h200-sxm [--json] [--svg FILE]
-//   calibrate measure --list bench/runlists/calibration.txt --out DIR   (on a GPU host)
+//   calibrate measure --list bench/runlists/calibration.txt --out DIR   (on a GPU host:
+//                     micro-benchmarks, then the designed step runs)
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -11,6 +12,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <algorithm>
 #include <sys/wait.h>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -19,6 +22,7 @@
 #ifdef STEPCAST_HAVE_CERES
 #include "calibrate/fit.h"
 #endif
+#include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
 #include "model/errors.h"
 #include "model/prediction.h"
@@ -91,6 +95,26 @@ nlohmann::json summarize(const std::vector<Row>& rows, bool holdout) {
           {"inside_95_interval_frac", n ? inside / n : 0.0}};
 }
 
+// Micro-benchmarks against their component formulas, by benchmark kind.
+nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw) {
+  nlohmann::json out = nlohmann::json::object();
+  for (int b = 0; b < kNumMicroBenches; ++b) {
+    double sum = 0, mx = 0;
+    int n = 0;
+    for (const auto& r : micro) {
+      if (static_cast<int>(r.bench) != b) continue;
+      const double e = std::abs(predict_micro(r, hw, hw.coefs.data()) / r.seconds - 1);
+      sum += e;
+      mx = std::max(mx, e);
+      ++n;
+    }
+    if (n)
+      out[micro_bench_name(static_cast<MicroBench>(b))] = {
+          {"records", n}, {"mean_abs_pct_error", 100 * sum / n}, {"max_abs_pct_error", 100 * mx}};
+  }
+  return out;
+}
+
 // Predicted against measured step time, log-log, fit and held-out runs marked.
 std::string svg_plot(const std::vector<Row>& rows, const std::string& title) {
   double lo = 1e300, hi = 0;
@@ -150,12 +174,26 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     obs.push_back(observation_of(r, hw));
   }
   if (obs.empty()) throw InputError("no runs left to fit after the hold-out split");
-  std::fprintf(stderr, "calibrate: fitting %zu runs (%zu held out) from %zu files ...\n", obs.size(), held, files.size());
+  const auto micro = load_micro(files);
   const auto t0 = std::chrono::steady_clock::now();
   FitOptions fo;
   fo.free = default_free_coefs();
   // Start from the defaults, not from a previous fit: the result depends on the data alone.
-  FitResult fit = fit_coefficients(obs, default_coefs(), fo);
+  CoefVector start = default_coefs();
+  // Stage 1: each component's coefficients from its micro-benchmarks alone.
+  std::optional<FitResult> components;
+  if (!micro.empty()) {
+    std::fprintf(stderr, "calibrate: stage 1, component fit on %zu micro-benchmarks ...\n", micro.size());
+    components = fit_components(micro, hw, start, fo);
+    for (Coef c : component_coefs(micro)) {
+      fo.component_priors.push_back({c, components->coefs[c], fo.sigma_component});
+      if (std::find(fo.free.begin(), fo.free.end(), c) == fo.free.end()) fo.free.push_back(c);
+      start[c] = components->coefs[c];
+    }
+  }
+  std::fprintf(stderr, "calibrate: %s end-to-end fit on %zu runs (%zu held out) from %zu files ...\n",
+               micro.empty() ? "" : "stage 2,", obs.size(), held, files.size());
+  FitResult fit = fit_coefficients(obs, start, fo);
   const double fit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Data hash: every runs file's bytes, in the order given.
@@ -176,7 +214,8 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
       max_micro_tokens = std::max(max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
   sec << "max_micro_tokens = " << max_micro_tokens << "\n";
   sec << "source = \"calibrate fit " << date << ", git " << STEPCAST_GIT_COMMIT << ", runs fnv1a64:" << fnv1a_hex(all)
-      << " (" << obs.size() << " fitted, " << held << " held out, seed " << seed << "); " << fit.summary << "\"\n";
+      << " (" << obs.size() << " fitted, " << held << " held out, seed " << seed << "; " << micro.size()
+      << " micro-benchmarks in the component fit); " << fit.summary << "\"\n";
   for (const auto& info : coef_table()) sec << info.name << " = " << fit.coefs[info.id] << "\n";
   sec << "\n[coefficients.std_errors]\n";
   for (const auto& info : coef_table())
@@ -219,6 +258,17 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   nlohmann::json coefs = nlohmann::json::object();
   for (Coef c : fo.free) coefs[std::string(coef_table()[c].name)] = {{"value", fit.coefs[c]}, {"std_error", fit.std_errors[c]}, {"default", coef_table()[c].default_value}};
   report["coefficients"] = coefs;
+  if (components) {
+    nlohmann::json comp = nlohmann::json::object();
+    for (Coef c : component_coefs(micro))
+      comp[std::string(coef_table()[c].name)] = {{"value", components->coefs[c]}, {"std_error", components->std_errors[c]},
+                                                 {"end_to_end", fit.coefs[c]}};
+    report["components"] = {{"micro_benchmarks", micro.size()},
+                            {"rms_log_error", components->model_error_frac},
+                            {"summary", components->summary},
+                            {"coefficients", comp},
+                            {"by_bench", micro_summary(micro, fitted)}};
+  }
   if (json) {
     std::cout << report.dump(2) << "\n";
   } else {
@@ -227,6 +277,14 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     for (Coef c : fo.free)
       std::printf("%-28s %12.4g %12.4g %12.3g\n", std::string(coef_table()[c].name).c_str(), coef_table()[c].default_value,
                   fit.coefs[c], fit.std_errors[c]);
+    if (components) {
+      std::printf("stage 1 (components, %zu micro-benchmarks, RMS error %.1f %%): %s\n", micro.size(),
+                  100 * components->model_error_frac, components->summary.c_str());
+      std::printf("%-28s %12s %12s %12s\n", "coefficient", "micro fit", "std error", "end to end");
+      for (Coef c : component_coefs(micro))
+        std::printf("%-28s %12.4g %12.3g %12.4g\n", std::string(coef_table()[c].name).c_str(), components->coefs[c],
+                    components->std_errors[c], fit.coefs[c]);
+    }
     std::printf("fit runs: %s\nheld out: %s\n", report["fit"].dump().c_str(), report["holdout"].dump().c_str());
   }
   return 0;
@@ -239,7 +297,8 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
 // enough measured steps is skipped, so an interrupted run resumes where it
 // stopped. Progress and an ETA go to stderr.
 int run_measure(const std::string& list, const std::string& out_dir, const std::string& train_flag, int64_t steps,
-                double budget_min, const std::string& device, const std::string& dir) {
+                double budget_min, const std::string& device, const std::string& dir, bool micro,
+                const std::string& micro_flags) {
   std::ifstream in(list);
   if (!in) throw InputError(list + ": cannot open the run list");
   struct Item {
@@ -272,6 +331,28 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
     for (const auto& r : load_runs({runs}, data_dir(dir))) have[r.key] = r.steps;
   const auto t0 = std::chrono::steady_clock::now();
   int done = 0, skipped = 0, failed = 0;
+  // The micro-benchmarks first (OUT/micro.jsonl, skipped once a run of them has completed).
+  if (micro) {
+    const fs::path micro_out = fs::path(out_dir) / "micro.jsonl";
+    const bool complete = fs::exists(micro_out) && read_text(micro_out).find("\"micro_done\"") != std::string::npos;
+    if (complete) {
+      std::fprintf(stderr, "calibrate: micro-benchmarks already in %s\n", micro_out.string().c_str());
+    } else {
+      int nproc = 1;
+      for (const auto& it : items) nproc = std::max(nproc, it.nproc);
+      const fs::path bench = fs::path(train).parent_path() / "microbench";
+      if (!fs::exists(bench)) throw InputError(bench.string() + ": no microbench binary beside train (build the backend)");
+      std::fprintf(stderr, "calibrate: micro-benchmarks on %d rank(s) -> %s\n", nproc, micro_out.string().c_str());
+      const std::string cmd = bench.string() + " --out " + micro_out.string() + " --nproc " + std::to_string(nproc) +
+                              " --device " + device + (dir.empty() ? "" : " --data-dir " + dir) + " " + micro_flags;
+      const int status = std::system(cmd.c_str());
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "calibrate: microbench failed (exit %d); the step runs go on\n",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+        ++failed;
+      }
+    }
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -328,15 +409,23 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   const auto files = to_paths(run_files);
   HardwareProfile hw = resolve_hardware(hw_name, data_dir(dir));
   const auto runs = load_runs(files, data_dir(dir));
+  const auto micro = load_micro(files);
+  if (runs.empty() && micro.empty()) throw InputError("--runs: no step runs and no micro-benchmarks in the files given");
   const auto rows = predict_rows(runs, hw, holdout_frac, seed);
-  if (!svg.empty())
+  if (!svg.empty() && !rows.empty())
     write_file_atomic(svg, svg_plot(rows, hw.name + (hw.coefs_calibrated ? " (calibrated)" : " (not calibrated)") +
                                               ": predicted vs measured step time"));
   nlohmann::json j = {{"hardware", hw.name},
                       {"calibrated", hw.coefs_calibrated},
                       {"fit", summarize(rows, false)},
                       {"holdout", summarize(rows, true)},
-                      {"runs", nlohmann::json::array()}};
+                      {"runs", nlohmann::json::array()},
+                      {"micro", {{"by_bench", micro_summary(micro, hw)}, {"records", nlohmann::json::array()}}}};
+  for (const auto& r : micro)
+    j["micro"]["records"].push_back({{"bench", micro_bench_name(r.bench)},
+                                     {"label", r.label()},
+                                     {"measured_s", r.seconds},
+                                     {"predicted_s", predict_micro(r, hw, hw.coefs.data())}});
   for (const auto& r : rows) {
     j["runs"].push_back({{"key", r.run->key},
                          {"holdout", r.holdout},
@@ -363,6 +452,13 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                 r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / 1073741824.0,
                 r.pred_mem / 1073741824.0, 100 * r.mem_err());
   std::printf("fit:      %s\nheld out: %s\n", j["fit"].dump().c_str(), j["holdout"].dump().c_str());
+  if (!micro.empty()) {
+    std::printf("\nmicro-benchmarks against their component formulas (%zu):\n", micro.size());
+    std::printf("%-16s %8s %12s %12s\n", "bench", "records", "mean |err| %", "max |err| %");
+    for (const auto& [name, v] : j["micro"]["by_bench"].items())
+      std::printf("%-16s %8d %12.1f %12.1f\n", name.c_str(), v["records"].get<int>(), v["mean_abs_pct_error"].get<double>(),
+                  v["max_abs_pct_error"].get<double>());
+  }
   return 0;
 }
 
@@ -396,6 +492,10 @@ int main_impl(int argc, char** argv) {
   measure->add_option("--train", train, "path of the train binary");
   measure->add_option("--device", device, "auto | cpu | cuda")->capture_default_str();
   measure->add_option("--data-dir", dir, "folder with models/ and hardware/");
+  bool no_micro = false;
+  measure->add_flag("--no-micro", no_micro, "skip the micro-benchmarks (microbench) before the step runs");
+  std::string micro_flags;
+  measure->add_option("--micro-flags", micro_flags, "extra flags for microbench (e.g. --quick)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& h) {
@@ -404,7 +504,7 @@ int main_impl(int argc, char** argv) {
     std::cerr << "calibrate: error: " << e.what() << " (see calibrate --help)\n";
     return 2;
   }
-  if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir);
+  if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir, !no_micro, micro_flags);
 #ifdef STEPCAST_HAVE_CERES
   if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json);
 #else

@@ -61,6 +61,27 @@ struct RunResidual {
   Scales scales_;
 };
 
+// One micro-benchmark: the log ratio of its component formula to its time.
+struct MicroResidual {
+  MicroResidual(const MicroRecord& r, const HardwareProfile& hw, double sigma, const Scales& sc)
+      : rec_(r), hw_(hw), sigma_(sigma), scales_(sc) {}
+  template <class T>
+  bool operator()(const T* u, T* r) const {
+    T coefs[kNumCoefs];
+    for (int i = 0; i < kNumCoefs; ++i) coefs[i] = u[i] * scales_[static_cast<size_t>(i)];
+    using std::log;
+    r[0] = log(predict_micro(rec_, hw_, coefs) / rec_.seconds) / sigma_;
+    return true;
+  }
+  static ceres::CostFunction* Create(const MicroRecord& r, const HardwareProfile& hw, double sigma, const Scales& sc) {
+    return new ceres::AutoDiffCostFunction<MicroResidual, 1, kNumCoefs>(new MicroResidual(r, hw, sigma, sc));
+  }
+  MicroRecord rec_;
+  const HardwareProfile& hw_;
+  double sigma_;
+  Scales scales_;
+};
+
 // A weak prior: (c - c0) / (sigma * |c0|) for each free coefficient.
 struct PriorResidual {
   PriorResidual(int index, double c0, double sigma) : index_(index), c0_(c0), sigma_(sigma) {}
@@ -97,20 +118,27 @@ std::vector<Coef> default_free_coefs() {
           kCpuLaneFlopsPerS};
 }
 
-FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector& start, const FitOptions& opt) {
+namespace {
+
+// Bounds, priors, solve and covariance, shared by both stages; the caller has
+// added its data residuals to `problem` over x = u.data().
+FitResult solve(ceres::Problem& problem, CoefVector& u, const Scales& scales, const std::vector<Coef>& free,
+                const FitOptions& opt) {
   FitResult result;
-  const Scales scales = coef_scales();
-  CoefVector u{};
-  for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
   double* x = u.data();
-  ceres::Problem problem;
-  for (const auto& o : obs)
-    problem.AddResidualBlock(RunResidual::Create(o, opt, scales), new ceres::CauchyLoss(opt.cauchy_scale), x);
   std::vector<bool> is_free(kNumCoefs, false);
-  for (Coef c : opt.free) is_free[c] = true;
-  // The prior is centred on the coefficient's default (its physical estimate), whatever the start.
-  for (Coef c : opt.free)
-    problem.AddResidualBlock(PriorResidual::Create(c, coef_table()[c].default_value / scales[c], opt.sigma_prior), nullptr, x);
+  for (Coef c : free) is_free[c] = true;
+  // The prior is centred on the coefficient's default (its physical estimate), whatever
+  // the start, or on its component-fitted value.
+  for (Coef c : free) {
+    double center = coef_table()[c].default_value, sigma = opt.sigma_prior;
+    for (const auto& p : opt.component_priors)
+      if (p.coef == c) {
+        center = p.value;
+        sigma = p.sigma;
+      }
+    problem.AddResidualBlock(PriorResidual::Create(c, center / scales[c], sigma), nullptr, x);
+  }
   std::vector<int> fixed;
   for (int i = 0; i < kNumCoefs; ++i)
     if (!is_free[i]) fixed.push_back(i);
@@ -140,18 +168,6 @@ FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector
   result.converged = summary.termination_type == ceres::CONVERGENCE;
   for (int i = 0; i < kNumCoefs; ++i) result.coefs[i] = u[i] * scales[i];
 
-  // Model error: RMS of the step-time log ratios on the fitted runs; added to
-  // the parameter uncertainty in prediction intervals.
-  double ss = 0;
-  int n = 0;
-  for (const auto& o : obs) {
-    if (o.step_s <= 0) continue;
-    const double pred = predict_step_time(o.features.step, result.coefs.data()).step;
-    ss += std::pow(std::log(pred / o.step_s), 2);
-    ++n;
-  }
-  result.model_error_frac = n ? std::sqrt(ss / n) : 0.0;
-
   // Covariance of the free coefficients (in the tangent space of the subset manifold).
   result.std_errors.assign(kNumCoefs, 0.0);
   result.covariance.assign(kNumCoefs, std::vector<double>(kNumCoefs, 0.0));
@@ -171,6 +187,59 @@ FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector
       }
     }
   }
+  return result;
+}
+
+}  // namespace
+
+std::vector<Coef> component_coefs(const std::vector<MicroRecord>& micro) {
+  std::vector<bool> seen(kNumCoefs, false);
+  for (const auto& r : micro)
+    for (Coef c : micro_coefs(r.bench)) seen[c] = true;
+  std::vector<Coef> out;
+  for (int i = 0; i < kNumCoefs; ++i)
+    if (seen[i]) out.push_back(static_cast<Coef>(i));
+  return out;
+}
+
+FitResult fit_components(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
+                         const FitOptions& opt) {
+  const Scales scales = coef_scales();
+  CoefVector u{};
+  for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
+  ceres::Problem problem;
+  for (const auto& r : micro)
+    problem.AddResidualBlock(MicroResidual::Create(r, hw, opt.sigma_micro, scales),
+                             new ceres::CauchyLoss(opt.cauchy_scale), u.data());
+  FitOptions o = opt;
+  o.component_priors.clear();
+  FitResult result = solve(problem, u, scales, component_coefs(micro), o);
+  double ss = 0;
+  for (const auto& r : micro) ss += std::pow(std::log(predict_micro(r, hw, result.coefs.data()) / r.seconds), 2);
+  result.model_error_frac = micro.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(micro.size()));
+  return result;
+}
+
+FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector& start, const FitOptions& opt) {
+  const Scales scales = coef_scales();
+  CoefVector u{};
+  for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
+  ceres::Problem problem;
+  for (const auto& o : obs)
+    problem.AddResidualBlock(RunResidual::Create(o, opt, scales), new ceres::CauchyLoss(opt.cauchy_scale), u.data());
+  FitResult result = solve(problem, u, scales, opt.free, opt);
+
+  // Model error: RMS of the step-time log ratios on the fitted runs; added to
+  // the parameter uncertainty in prediction intervals.
+  double ss = 0;
+  int n = 0;
+  for (const auto& o : obs) {
+    if (o.step_s <= 0) continue;
+    const double pred = predict_step_time(o.features.step, result.coefs.data()).step;
+    ss += std::pow(std::log(pred / o.step_s), 2);
+    ++n;
+  }
+  result.model_error_frac = n ? std::sqrt(ss / n) : 0.0;
   return result;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/coefficients.h"
+#include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
 #include "model/hardware.h"
 #include "model/step_features.h"
@@ -26,12 +27,26 @@ struct Observation {
 // A measured run as the fit sees it (medians of its steps, features on `hw`).
 Observation observation_of(const RunRecord& run, const HardwareProfile& hw);
 
+// A coefficient measured by the component fit: the end-to-end fit keeps it near
+// that value (relative width sigma) instead of near its default.
+struct ComponentPrior {
+  Coef coef;
+  double value;
+  double sigma;
+};
+
 struct FitOptions {
   std::vector<Coef> free;         // coefficients the fit may move; the rest stay fixed
   double sigma_step = 0.02;       // expected relative error of a step-time measurement
   double sigma_phase = 0.05;      // of a phase (forward, backward, optimizer)
   double sigma_memory = 0.02;     // of peak memory
-  double sigma_prior = 0.5;       // width of the prior around the starting value (relative)
+  double sigma_prior = 0.5;       // width of the prior around the default value (relative)
+  double sigma_micro = 0.03;      // expected relative error of a micro-benchmark against its formula
+  // A kernel inside a training step runs beside other streams (NCCL, copies) and
+  // on other data than alone: the end-to-end fit may move a component-fitted
+  // coefficient by about this much (relative).
+  double sigma_component = 0.1;
+  std::vector<ComponentPrior> component_priors;
   double cauchy_scale = 2.0;      // robust loss scale, in units of sigma
   int max_iterations = 200;
 };
@@ -54,6 +69,18 @@ struct FitResult {
 // derived from nccl-tests (coefficients.cpp).
 std::vector<Coef> default_free_coefs();
 
+// Stage 1: the coefficients of each component (GEMM, attention, collectives,
+// PCIe, CPU and GPU optimizers) from the micro-benchmarks alone, with the
+// formulas of model/step_time.h. Free: every coefficient some record's formula
+// reads (micro_coefs). `options.free` is ignored.
+FitResult fit_components(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
+                         const FitOptions& options);
+
+// The coefficients stage 1 can measure from these records.
+std::vector<Coef> component_coefs(const std::vector<MicroRecord>& micro);
+
+// Stage 2 (end to end): the step runs; component-fitted coefficients enter
+// through options.component_priors.
 FitResult fit_coefficients(const std::vector<Observation>& observations, const CoefVector& start,
                            const FitOptions& options);
 

@@ -53,6 +53,7 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       }
       try {
         if (j.value("warmup", false)) continue;
+        if (j.contains("kind") && j.at("kind") != "step") continue;  // micro-benchmarks: micro_record.h
         const auto& c = j.at("config");
         TrainConfig cfg;
         cfg.zero_stage = c.at("zero_stage").get<int>();

@@ -17,6 +17,8 @@ double working_bytes(Precision p) { return p == Precision::kFp32 ? 4.0 : 2.0; }
 constexpr double k8bitBlock = 2048.0;
 constexpr double k8bitStateBytes = 2.0 + 2.0 * 4.0 / k8bitBlock;
 
+}  // namespace
+
 // Memory traffic of one AdamW update, per parameter (REFERENCE.md section 4):
 // read master, m, v and the gradient; write master, m, v; plus the 16-bit copy
 // of the updated parameter when training in mixed precision. On the CPU the
@@ -38,7 +40,11 @@ double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_c
 // adds dequantisation, absmax and a search in the 256-entry dynamic map.
 double optimizer_flops(OptimizerKind opt) { return opt == OptimizerKind::kAdamW ? 15.0 : 60.0; }
 
-}  // namespace
+
+double causal_attention_fwd_flops(double batch, double seq_len, double q_dim, AttentionKind attention) {
+  const double full_square = 4.0 * batch * seq_len * seq_len * q_dim;
+  return attention == AttentionKind::kFlash ? 0.5 * full_square : full_square;
+}
 
 double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision) {
   const double master = precision == Precision::kFp32 ? 0.0 : 4.0;  // fp32 copy of 16-bit weights
@@ -122,13 +128,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.gemms[4] = {tokens, static_cast<double>(spec.vocab_size), static_cast<double>(spec.embed_dim()), 1.0};
   // Causal attention: QK^T and PV are 2 b s^2 d_attn FLOPs each per layer for
   // the full square; flash kernels skip the masked half, the math path does not.
-  const double full_square = 4.0 * b * s * s * spec.q_dim() * L;
+  f.attn_fwd_flops = causal_attention_fwd_flops(b, s, static_cast<double>(spec.q_dim()), c.attention) * L;
   if (c.attention == AttentionKind::kFlash) {
-    f.attn_fwd_flops = 0.5 * full_square;
     f.attn_bwd_flops_mult = 2.5;  // FlashAttention-2 (Dao 2023): backward = 2.5x forward
     f.attn_uses_gemm_eff = 0;
   } else {
-    f.attn_fwd_flops = full_square;
     f.attn_bwd_flops_mult = 2.0;
     f.attn_uses_gemm_eff = 1;
   }

@@ -91,6 +91,19 @@ struct Features {
 // (fp32 master weights when the working copy is 16-bit, plus the moments).
 double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision);
 
+// Memory traffic of one optimizer update per parameter (bytes): on the CPU the
+// gradient is read in the working precision and the updated parameter written
+// over it; 28 B for bf16 AdamW, 16 B for 8-bit.
+double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu);
+
+// Arithmetic of one update per parameter (FLOPs).
+double optimizer_flops(OptimizerKind opt);
+
+// Forward FLOPs of causal attention of one layer: QK^T and PV are 2 b s^2 d_attn
+// each for the full square; flash kernels skip the masked half, the math path
+// does not.
+double causal_attention_fwd_flops(double batch, double seq_len, double q_dim, AttentionKind attention);
+
 // Parameters held in tensors below bitsandbytes' min_8bit_size (4096
 // elements): they keep 32-bit states under 8-bit AdamW.
 int64_t small_tensor_params(const ModelSpec& spec, int64_t min_8bit_size = 4096);

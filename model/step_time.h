@@ -52,6 +52,13 @@ T max2(const T& a, const T& b) {
   return a > b ? a : b;
 }
 
+}  // namespace detail
+
+// --- components ----------------------------------------------------------------
+// Each formula below is written once and used twice: by predict_step_time and
+// by calibrate's component fit, which compares it with the micro-benchmarks
+// (backend/microbench_main.cpp) that time the same operation alone.
+
 // Efficiency of one GEMM: the best efficiency, reduced in each dimension d by
 // d / (d + half): small dimensions under-fill the tensor cores' tiles.
 template <class T>
@@ -61,17 +68,77 @@ T gemm_efficiency(const GemmShape& g, const T* coef) {
          (g.k / (g.k + half));
 }
 
-// nccl-tests model of a collective: latency per call + bytes * bus factor / bus
-// bandwidth. `allreduce` selects the all-reduce efficiency; reduce-scatter and
-// all-gather run at rs_ag_bus_eff_mult of it.
+// Time of g.count GEMMs of one shape at the dense peak `peak_flops_per_s`.
 template <class T>
-T collective_time_s(double bytes, double calls, double bus_factor, bool allreduce,
-                    const StepFeatures& f, const T* coef) {
+T gemm_time_s(const GemmShape& g, double peak_flops_per_s, const T* coef) {
+  if (g.count <= 0.0) return T(0.0);
+  return 2.0 * g.m * g.n * g.k * g.count / (peak_flops_per_s * gemm_efficiency(g, coef));
+}
+
+// Forward time of causal attention executing `fwd_flops` (causal_attention_fwd_flops):
+// flash kernels reach attn_eff_max_frac, halved at attn_half_seq_tokens; the math
+// path runs as batched GEMMs of s x s x 128.
+template <class T>
+T attention_fwd_time_s(double fwd_flops, double seq_len, bool math_attention, double peak_flops_per_s,
+                       const T* coef) {
+  const T eff = math_attention ? gemm_efficiency(GemmShape{seq_len, seq_len, 128.0, 1.0}, coef)
+                               : coef[kAttnEffMaxFrac] * (seq_len / (seq_len + coef[kAttnHalfSeqTokens]));
+  return fwd_flops / (peak_flops_per_s * eff);
+}
+
+// nccl-tests model of `calls` collectives moving `bytes` in all (the full
+// buffer): latency per call + bytes * bus factor / bus bandwidth. `allreduce`
+// selects the all-reduce efficiency; reduce-scatter and all-gather run at
+// rs_ag_bus_eff_mult of it.
+template <class T>
+T collective_time_s(double bytes, double calls, double bus_factor, bool allreduce, double link_bytes_per_s,
+                    bool inter_node, double extra_latency_s, const T* coef) {
   if (bytes <= 0.0) return T(0.0);
-  T eff = f.link_is_inter_node > 0.0 ? coef[kInterBusEffFrac] : coef[kIntraBusEffFrac];
+  T eff = inter_node ? coef[kInterBusEffFrac] : coef[kIntraBusEffFrac];
   if (!allreduce) eff = eff * coef[kRsAgBusEffMult];
-  const T latency = coef[kCollLatencyS] + f.extra_latency_s;
-  return calls * latency + bytes * bus_factor / (f.link_bytes_per_s * eff);
+  const T latency = coef[kCollLatencyS] + extra_latency_s;
+  return calls * latency + bytes * bus_factor / (link_bytes_per_s * eff);
+}
+
+// A pinned host <-> device copy of `bytes` over a link of `link_bytes_per_s`.
+template <class T>
+T pcie_copy_time_s(double bytes, double link_bytes_per_s, const T* coef) {
+  return bytes / (link_bytes_per_s * coef[kPcieEffFrac]);
+}
+
+// The CPU optimizer over `params` parameters on `cores` cores of `lanes` fp32
+// SIMD lanes sharing `dram_bytes_per_s`. It streams at the harmonic rate
+// 1 / (1 / (cores x lanes x per-lane rate) + 1 / DRAM): it reproduces torch's
+// fused CPU AdamW at 4 and 16 threads (coefficients.cpp), and, unlike a min(),
+// keeps both coefficients identifiable from either regime. Its arithmetic runs
+// on cores x lanes; memory and arithmetic meet in a roofline with a smooth
+// corner, (memory^4 + arithmetic^4)^(1/4): within 19 % of max() where both are
+// equal and 0.005 % where one is 3x the other, so the lane rate stays
+// identifiable from memory-bound runs near the corner (8-bit AdamW).
+template <class T>
+T cpu_optimizer_time_s(double params, double bytes_per_param, double flops_per_param, double cores, double lanes,
+                       double dram_bytes_per_s, const T* coef) {
+  using std::pow;
+  const T stream_bps =
+      1.0 / (1.0 / (T(dram_bytes_per_s) * coef[kCpuDramEffFrac]) + 1.0 / (cores * lanes * coef[kCpuCoreBytesPerSPerLane]));
+  const T memory_s = params * bytes_per_param / stream_bps;
+  const T arith_s = params * flops_per_param / (cores * lanes * coef[kCpuLaneFlopsPerS]);
+  return pow(pow(memory_s, 4.0) + pow(arith_s, 4.0), 0.25) + coef[kOptStepOverheadS];
+}
+
+// The GPU optimizer: its traffic at a fraction of HBM bandwidth.
+template <class T>
+T gpu_optimizer_time_s(double params, double bytes_per_param, double hbm_bytes_per_s, const T* coef) {
+  return params * bytes_per_param / (hbm_bytes_per_s * coef[kGpuOptBwEffFrac]) + coef[kOptStepOverheadS];
+}
+
+namespace detail {
+
+template <class T>
+T collective_time_s(double bytes, double calls, double bus_factor, bool allreduce, const StepFeatures& f,
+                    const T* coef) {
+  return stepcast::collective_time_s(bytes, calls, bus_factor, allreduce, f.link_bytes_per_s,
+                                     f.link_is_inter_node > 0.0, f.extra_latency_s, coef);
 }
 
 }  // namespace detail
@@ -83,15 +150,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
 
   // --- compute of one micro-batch ------------------------------------------
   T gemm_fwd_s(0.0);
-  for (const GemmShape& g : f.gemms) {
-    if (g.count <= 0.0) continue;
-    const double flops = 2.0 * g.m * g.n * g.k * g.count;
-    gemm_fwd_s += flops / (f.peak_flops_per_s * detail::gemm_efficiency(g, coef));
-  }
-  T attn_eff = f.attn_uses_gemm_eff > 0.0
-                   ? detail::gemm_efficiency(GemmShape{f.seq_len, f.seq_len, 128.0, 1.0}, coef)
-                   : coef[kAttnEffMaxFrac] * (f.seq_len / (f.seq_len + coef[kAttnHalfSeqTokens]));
-  const T attn_fwd_s = f.attn_fwd_flops / (f.peak_flops_per_s * attn_eff);
+  for (const GemmShape& g : f.gemms) gemm_fwd_s += gemm_time_s(g, f.peak_flops_per_s, coef);
+  const T attn_fwd_s =
+      attention_fwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_uses_gemm_eff > 0.0, f.peak_flops_per_s, coef);
   const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;
   const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
 
@@ -111,10 +172,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
                                 f.grad_comm_bus_factor, allreduce, f, coef);
   const T gather_s = detail::collective_time_s(f.gather_bytes_micro, f.gather_calls_micro,
                                                f.gather_bus_factor, false, f, coef);
-  const T pcie_h2d = f.h2d_bytes_per_s * coef[kPcieEffFrac];
-  const T pcie_d2h = f.d2h_bytes_per_s * coef[kPcieEffFrac];
-  const T param_up_s = f.param_h2d_bytes_micro / pcie_h2d;
-  const T d2h_boundary_s = f.d2h_bytes_boundary / pcie_d2h;
+  const T param_up_s = pcie_copy_time_s(f.param_h2d_bytes_micro, f.h2d_bytes_per_s, coef);
+  const T d2h_boundary_s = pcie_copy_time_s(f.d2h_bytes_boundary, f.d2h_bytes_per_s, coef);
 
   // Overlap: gradient reduction and copies to the host run on their own
   // streams during backward; gathers and uploads are prefetched during compute.
@@ -126,34 +185,17 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
   const T d2h_exposed_boundary = max0(d2h_boundary_s - copy_window);
 
-  // All ranks of a host run their CPU work at once and share its cores and
-  // DRAM. Harmonic combination, 1 / rate = 1 / (cores x per-core rate) + 1 / DRAM:
-  // it reproduces torch's fused CPU AdamW at 4 and 16 threads (coefficients.cpp),
-  // and, unlike a min(), keeps both coefficients identifiable from either regime.
-  const T stream_bps = 1.0 / (1.0 / (T(f.dram_bytes_per_s) * coef[kCpuDramEffFrac]) +
-                              1.0 / (f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuCoreBytesPerSPerLane]));
-
   const T micro_s = compute_s + gather_exposed + rs_exposed_micro;
   const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
 
   // --- optimizer step --------------------------------------------------------
-  T optimizer_s(0.0);
-  if (f.opt_on_cpu > 0.0) {
-    // The CPU optimizer streams at the shared rate; its arithmetic runs on cores x SIMD lanes.
-    const double host_params = f.opt_params_rank * f.ranks_per_node;
-    const T memory_s = host_params * f.opt_bytes_per_param / stream_bps;
-    const T arith_s = host_params * f.opt_flops_per_param /
-                      (f.cpu_cores_node * f.cpu_simd_lanes * coef[kCpuLaneFlopsPerS]);
-    // Roofline with a smooth corner, (memory^4 + arithmetic^4)^(1/4): within 19 % of
-    // max() where both are equal and 0.005 % where one is 3x the other; it keeps the
-    // lane rate identifiable from memory-bound runs near the corner (8-bit AdamW).
-    using std::pow;
-    optimizer_s = pow(pow(memory_s, 4.0) + pow(arith_s, 4.0), 0.25) + coef[kOptStepOverheadS];
-  } else {
-    optimizer_s = f.opt_params_rank * f.opt_bytes_per_param / (f.hbm_bytes_per_s * coef[kGpuOptBwEffFrac]) +
-                  coef[kOptStepOverheadS];
-  }
-  const T upload_s = f.h2d_bytes_step / pcie_h2d;
+  // All ranks of a host run their CPU optimizer at once and share its cores and DRAM.
+  const T optimizer_s =
+      f.opt_on_cpu > 0.0
+          ? cpu_optimizer_time_s(f.opt_params_rank * f.ranks_per_node, f.opt_bytes_per_param, f.opt_flops_per_param,
+                                 f.cpu_cores_node, f.cpu_simd_lanes, f.dram_bytes_per_s, coef)
+          : gpu_optimizer_time_s(f.opt_params_rank, f.opt_bytes_per_param, f.hbm_bytes_per_s, coef);
+  const T upload_s = pcie_copy_time_s(f.h2d_bytes_step, f.h2d_bytes_per_s, coef);
   const T post_gather_s = detail::collective_time_s(f.post_step_gather_bytes, f.post_step_gather_calls,
                                                     f.gather_bus_factor, false, f, coef);
   // After the last micro-batch: serial on the GPU; with CPU offload, a pipeline whose

@@ -14,11 +14,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "backend/cpu_adamw.h"
+
 #include "backend/layout.h"
 #include "backend/quant8.h"
+#include "calibrate/micro_record.h"
+#include "calibrate/run_record.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -424,15 +428,16 @@ TEST_CASE("planner validate runs the top plans and reports the regret") {
   CHECK(lines == 6);
 }
 
-TEST_CASE("calibrate measure runs a list, appends JSONL, and resumes") {
+TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL, and resumes") {
   const std::string calibrate = (fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate").string();
   const fs::path list = tmpdir() / "list.txt", out = tmpdir() / "measure";
   fs::remove_all(out);
   std::ofstream(list) << "# two configurations\n"
                       << "test-llama-tiny 1 --stage 0 --precision fp32 --seq 32 --micro-batch 2 --gas 2\n"
-                      << "test-llama-tiny 1 --stage 3 --offload-optimizer cpu --precision fp32 --seq 32 --micro-batch 2\n";
+                      << "test-llama-tiny " << g_nproc
+                      << " --stage 3 --offload-optimizer cpu --precision fp32 --seq 32 --micro-batch 2\n";
   const std::string cmd = calibrate + " measure --list " + list.string() + " --out " + out.string() + " --steps 3 --device " +
-                          g_device + " --train " + g_train + " 2>" + (tmpdir() / "measure.err").string();
+                          g_device + " --train " + g_train + " --micro-flags=--quick 2>" + (tmpdir() / "measure.err").string();
   REQUIRE(std::system(cmd.c_str()) == 0);
   auto count = [&] {
     std::ifstream in(out / "runs.jsonl");
@@ -442,13 +447,29 @@ TEST_CASE("calibrate measure runs a list, appends JSONL, and resumes") {
     return n;
   };
   CHECK(count() == 6);
+  // The micro-benchmarks ran first, every kind this device has, on the list's ranks.
+  const auto micro = calibrate::load_micro({out / "micro.jsonl"});
+  std::set<std::string> kinds;
+  for (const auto& r : micro) kinds.insert(calibrate::micro_bench_name(r.bench));
+  std::set<std::string> want = {"gemm", "attention", "cpu_optimizer"};
+  if (g_nproc > 1) want.insert({"all_reduce", "reduce_scatter", "all_gather"});
+  if (g_device == "cuda") want.insert({"h2d", "d2h", "gpu_optimizer"});
+  for (const auto& k : want) {
+    CAPTURE(k);
+    CHECK(kinds.count(k) == 1);
+  }
+  // The step runs are not micro-benchmarks, and the micro lines are not step runs.
+  CHECK(calibrate::load_micro({out / "runs.jsonl"}).empty());
+  CHECK(calibrate::load_runs({out / "micro.jsonl"}, test::data_dir()).empty());
   // Interrupted or not, a second call measures nothing twice.
   REQUIRE(std::system(cmd.c_str()) == 0);
   CHECK(count() == 6);
+  CHECK(calibrate::load_micro({out / "micro.jsonl"}).size() == micro.size());
   std::ifstream err(tmpdir() / "measure.err");
   std::ostringstream e;
   e << err.rdbuf();
   CHECK(e.str().find("2 skipped") != std::string::npos);
+  CHECK(e.str().find("micro-benchmarks already in") != std::string::npos);
 }
 
 namespace {

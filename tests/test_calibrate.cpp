@@ -4,15 +4,20 @@
 #include <ceres/jet.h>
 #include "doctest_after_glog.h"
 
+#include <fstream>
 #include <random>
 
 #include "calibrate/fit.h"
 #include "calibrate/run_record.h"
+#include "model/errors.h"
 #include "model/prediction.h"
 #include "test_util.h"
 
 using namespace stepcast;
 using namespace stepcast::calibrate;
+
+// Synthetic records are written with designated initialisers; the fields left out are zero.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
 namespace fs = std::filesystem;
 
@@ -143,6 +148,125 @@ TEST_CASE("the Jet and finite-difference step-time uncertainties agree") {
     const double fd = stepcast::step_time_std_s(obs[i].features.step, fit.coefs, fit.covariance);
     CHECK(fd == doctest::Approx(jet).epsilon(1e-4));
   }
+}
+
+namespace {
+
+// Component coefficients, each moved away from its default.
+CoefVector component_truth() {
+  CoefVector c = default_coefs();
+  c[kGemmEffMaxFrac] = 0.71;
+  c[kGemmHalfDim] = 90.0;
+  c[kAttnEffMaxFrac] = 0.48;
+  c[kAttnHalfSeqTokens] = 700.0;
+  c[kCollLatencyS] = 40e-6;
+  c[kIntraBusEffFrac] = 0.72;
+  c[kRsAgBusEffMult] = 1.1;
+  c[kPcieEffFrac] = 0.8;
+  c[kCpuCoreBytesPerSPerLane] = 0.7e9;
+  c[kCpuDramEffFrac] = 0.65;
+  c[kCpuLaneFlopsPerS] = 1.5e9;
+  c[kGpuOptBwEffFrac] = 0.6;
+  c[kOptStepOverheadS] = 2e-4;
+  return c;
+}
+
+// What `microbench` measures on a 2-GPU host (the shapes and sizes of
+// backend/microbench_main.cpp), "measured" with the true coefficients and 2 %
+// multiplicative noise.
+std::vector<MicroRecord> synthetic_micro(uint64_t seed) {
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  const CoefVector t = component_truth();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(0.0, 0.02);
+  std::vector<MicroRecord> out;
+  auto add = [&](MicroRecord r) {
+    r.seconds = predict_micro(r, hw, t.data()) * (1 + noise(rng));
+    out.push_back(r);
+  };
+  for (double m : {2048.0, 8192.0, 16384.0})
+    for (const auto& nk : std::vector<std::pair<double, double>>{{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008},
+                                                                 {32000, 4096}, {7680, 2560}, {2560, 10240}})
+      add({.bench = MicroBench::kGemm, .m = m, .n = nk.first, .k = nk.second});
+  for (double s : {512.0, 1024.0, 2048.0, 4096.0, 8192.0})
+    add({.bench = MicroBench::kAttention, .batch = 16384 / s, .heads = 32, .seq_len = s, .head_dim = 128});
+  for (MicroBench b : {MicroBench::kAllReduce, MicroBench::kReduceScatter, MicroBench::kAllGather})
+    for (double mib = 1; mib <= 1024; mib *= 4) add({.bench = b, .bytes = mib * 1048576.0, .world = 2});
+  for (MicroBench b : {MicroBench::kH2D, MicroBench::kD2H})
+    for (double mib : {64.0, 256.0, 1024.0}) add({.bench = b, .bytes = mib * 1048576.0});
+  for (OptimizerKind o : {OptimizerKind::kAdamW, OptimizerKind::kAdamW8bit}) {
+    for (double threads : {1.0, 2.0, 4.0, 8.0, 16.0, 32.0})
+      add({.bench = MicroBench::kCpuOptimizer, .optimizer = o, .params = 67108864.0, .threads = threads});
+    add({.bench = MicroBench::kGpuOptimizer, .optimizer = o, .params = 268435456.0});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("component fit: each component's coefficients come back from its micro-benchmarks") {
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  const auto micro = synthetic_micro(21);
+  const CoefVector t = component_truth();
+  FitOptions fo;
+  const FitResult fit = fit_components(micro, hw, default_coefs(), fo);
+  CHECK(fit.converged);
+  CHECK(fit.covariance_ok);
+  // The coefficients no micro-benchmark reads stay at their start.
+  for (Coef c : {kBackwardSlowdownMult, kActBytesMult, kGpuWorkspaceBytes, kCpuOptOverlapFrac})
+    CHECK(fit.coefs[c] == default_coefs()[c]);
+  // Those that set a rate over a size sweep: 5 %. The second-order ones (a tile
+  // half-size, a latency under large transfers, the sequence half-point): 30 %.
+  for (Coef c : {kGemmEffMaxFrac, kAttnEffMaxFrac, kIntraBusEffFrac, kRsAgBusEffMult, kPcieEffFrac, kCpuDramEffFrac,
+                 kCpuCoreBytesPerSPerLane, kGpuOptBwEffFrac}) {
+    CAPTURE(coef_table()[c].name);
+    CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.05));
+  }
+  for (Coef c : {kGemmHalfDim, kAttnHalfSeqTokens, kCollLatencyS, kCpuLaneFlopsPerS}) {
+    CAPTURE(coef_table()[c].name);
+    CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.30));
+  }
+  for (Coef c : component_coefs(micro)) {
+    CAPTURE(coef_table()[c].name);
+    CHECK(std::abs(fit.coefs[c] - t[c]) <= 5 * fit.std_errors[c] + 1e-3 * std::abs(t[c]));
+  }
+  CHECK(fit.model_error_frac < 0.03);  // 2 % noise
+}
+
+TEST_CASE("two stages: component-fitted coefficients anchor the end-to-end fit") {
+  // The synthetic step runs alone identify the link efficiency (0.6). A tight
+  // component prior 10 % away from it wins over them: the prior is applied,
+  // centred on the component value and not on the default (0.81).
+  const auto obs = synthetic(31);
+  FitOptions fo;
+  fo.free = synthetic_free();
+  const double component = 1.1 * truth()[kIntraBusEffFrac];
+  fo.component_priors.push_back({kIntraBusEffFrac, component, 0.002});
+  const FitResult anchored = fit_coefficients(obs, default_coefs(), fo);
+  CHECK(anchored.coefs[kIntraBusEffFrac] == doctest::Approx(component).epsilon(0.01));
+  // Its standard error is no wider than the prior's.
+  CHECK(anchored.std_errors[kIntraBusEffFrac] <= 0.002 * component * 1.01);
+  // A prior at the true value keeps every coefficient recoverable.
+  fo.component_priors = {{kIntraBusEffFrac, truth()[kIntraBusEffFrac], 0.1}};
+  check_recovered(fit_coefficients(obs, default_coefs(), fo));
+}
+
+TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
+  const fs::path p = fs::temp_directory_path() / "stepcast_bad_micro.jsonl";
+  std::ofstream(p) << R"({"kind":"micro_env","device":"x"})" << "\n"
+                   << R"({"kind":"micro","bench":"gemm","m":4,"n":4,"k":4,"seconds":1e-6})" << "\n"
+                   << R"({"kind":"micro","bench":"all_reduce","bytes":-1,"world":2,"seconds":1e-3})" << "\n";
+  try {
+    load_micro({p});
+    FAIL("no error");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("stepcast_bad_micro.jsonl:3") != std::string::npos);
+    CHECK(what.find("\"bytes\"") != std::string::npos);
+  }
+  std::ofstream(p) << R"({"kind":"micro","bench":"fft","seconds":1})" << "\n";
+  CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("unknown value \"fft\""), InputError);
+  fs::remove(p);
 }
 
 TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {

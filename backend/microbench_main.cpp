@@ -1,0 +1,393 @@
+// microbench: times each component of a training step alone, on the backend's
+// own code paths, for calibrate's component fit (calibrate/micro_record.h):
+//   compute     bf16 GEMMs of the shapes the model families run (the cost
+//               model's own GEMM classes, from make_features), causal flash
+//               attention by sequence length
+//   collectives all-reduce, reduce-scatter, all-gather by size, over NCCL on
+//               the GPU or Gloo on the CPU; each result is checked once
+//   offload     pinned host <-> device copies by size (GPU only)
+//   optimizer   CPU AdamW fp32 and 8-bit by thread count; the GPU kernels
+//
+//   microbench --out micro.jsonl [--suite compute,collectives,offload,optimizer] [--nproc 2] [--quick]
+//
+// Rank 0 appends one JSON line per measurement ("kind": "micro", the median of
+// timed repetitions in "seconds"), after a "micro_env" line with the
+// environment, and a "micro_done" line at the end. Progress goes to stderr.
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "backend/collectives.h"
+#include "backend/compat.h"
+#include "backend/cpu_adamw.h"
+#include "backend/kernels.h"
+#include "backend/launcher.h"
+#include "backend/quant8.h"
+#include "backend/runtime.h"
+#include "model/errors.h"
+#include "model/hardware.h"
+#include "model/model_spec.h"
+#include "model/step_features.h"
+
+#include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
+
+namespace stepcast::backend {
+namespace {
+
+constexpr double kMiB = 1048576.0;
+
+struct Flags {
+  std::string out, suites = "compute,collectives,offload,optimizer", device = "auto", data_dir;
+  std::string models = "pythia-2.8b,llama-2-7b,qwen2.5-7b,gpt-j-6b";
+  int nproc = 1, repeats = 5;
+  bool quick = false;
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+class Bench {
+ public:
+  Bench(Runtime& rt, int repeats, std::ofstream* out) : rt_(rt), repeats_(repeats), out_(out) {}
+
+  // Median seconds of one call of fn: one warm-up, then `repeats` timings of
+  // `inner` back-to-back calls each (short operations amortise the sync).
+  template <class Fn>
+  double time_s(int inner, Fn&& fn) {
+    fn();
+    rt_.synchronize();
+    std::vector<double> t;
+    for (int r = 0; r < repeats_; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < inner; ++i) fn();
+      rt_.synchronize();
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / inner);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+
+  // Writes one record (rank 0 only) and a progress line.
+  void emit(nlohmann::json j, const std::string& label) {
+    ++count_;
+    if (!out_) return;
+    j["kind"] = "micro";
+    j["repeats"] = repeats_;
+    *out_ << j.dump() << "\n";
+    out_->flush();
+    std::fprintf(stderr, "microbench: [%3d] %-44s %10.3f ms\n", count_, label.c_str(), 1e3 * j["seconds"].get<double>());
+  }
+
+  Runtime& rt_;
+  int repeats_;
+  std::ofstream* out_;
+  int count_ = 0;
+};
+
+// GEMM shapes of the cost model's five classes for each model at a few token
+// counts, deduplicated.
+std::set<std::array<int64_t, 3>> gemm_shapes(const Flags& f, const std::filesystem::path& dir) {
+  const HardwareProfile hw = resolve_hardware("h200-sxm", dir);  // rates only; shapes depend on the model alone
+  std::set<std::array<int64_t, 3>> shapes;
+  const std::vector<std::string> models = f.quick ? std::vector<std::string>{"test-llama-tiny"} : split(f.models);
+  const std::vector<int64_t> tokens = f.quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{2048, 8192, 16384};
+  for (const auto& name : models) {
+    const ModelSpec spec = resolve_model(name, dir);
+    for (int64_t t : tokens) {
+      TrainConfig c;
+      c.seq_len = std::min<int64_t>(t, 2048);
+      c.micro_batch = t / c.seq_len;
+      for (const GemmShape& g : make_features(spec, hw, c).step.gemms)
+        shapes.insert({static_cast<int64_t>(g.m), static_cast<int64_t>(g.n), static_cast<int64_t>(g.k)});
+    }
+  }
+  return shapes;
+}
+
+void run_compute(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::path& dir) {
+  // bf16 on the GPU as in training; fp32 on the CPU (its bf16 GEMMs are not what a CPU run measures).
+  const auto opts = torch::TensorOptions().dtype(rt.is_cuda() ? torch::kBFloat16 : torch::kFloat).device(rt.device());
+  const std::string dtype = rt.is_cuda() ? "bf16" : "fp32";
+  for (const auto& s : gemm_shapes(f, dir)) {
+    auto a = torch::randn({s[0], s[2]}, opts), w = torch::randn({s[2], s[1]}, opts);
+    torch::Tensor c;
+    const double sec = b.time_s(3, [&] { c = torch::matmul(a, w); });
+    b.emit({{"bench", "gemm"}, {"m", s[0]}, {"n", s[1]}, {"k", s[2]}, {"dtype", dtype}, {"seconds", sec}},
+           "gemm " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]));
+  }
+  // Causal attention at 16 Ki tokens (quick: 512) per call, 32 heads of 128.
+  const int64_t heads = f.quick ? 4 : 32, head_dim = f.quick ? 32 : 128, tokens = f.quick ? 512 : 16384;
+  const std::vector<int64_t> seqs = f.quick ? std::vector<int64_t>{64, 128, 256} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
+  for (int64_t s : seqs) {
+    const int64_t batch = std::max<int64_t>(1, tokens / s);
+    auto q = torch::randn({batch, heads, s, head_dim}, opts), k = torch::randn_like(q), v = torch::randn_like(q);
+    torch::Tensor o;
+    const double sec = b.time_s(3, [&] { o = compat::causal_attention(q, k, v); });
+    b.emit({{"bench", "attention"}, {"batch", batch}, {"heads", heads}, {"seq_len", s}, {"head_dim", head_dim},
+            {"causal", true}, {"kernel", compat::kTorch2 ? "sdpa" : "math"}, {"dtype", dtype}, {"seconds", sec}},
+           "attention s" + std::to_string(s) + " b" + std::to_string(batch));
+  }
+}
+
+// Each collective on buffers of 1 MiB to 1 GiB (quick: 64 KiB to 4 MiB); the
+// result of the first call is checked against its closed form.
+void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
+  const int w = comm.world(), r = comm.rank();
+  if (w < 2) return;
+  const auto dt = rt.is_cuda() ? torch::kBFloat16 : torch::kFloat;
+  const auto opts = torch::TensorOptions().dtype(dt).device(rt.device());
+  const double elem = rt.is_cuda() ? 2.0 : 4.0;
+  std::vector<double> sizes;
+  for (double s = f.quick ? 64 * 1024.0 : kMiB; s <= (f.quick ? 4 * kMiB : 1024 * kMiB); s *= 4) sizes.push_back(s);
+  auto check = [&](bool ok, const char* what, double bytes) {
+    if (!ok)
+      throw std::runtime_error(std::string("microbench: ") + what + " of " + std::to_string(bytes) +
+                               " bytes returned a wrong result on rank " + std::to_string(r));
+  };
+  const double rank_sum = w * (w + 1) / 2.0;  // sum over ranks of (rank + 1)
+  for (double bytes : sizes) {
+    const int64_t n = static_cast<int64_t>(bytes / elem) / w * w, shard = n / w;
+    {
+      auto t = torch::full({n}, r + 1.0, opts);
+      rt.comm_waits_for_compute();
+      comm.all_reduce_sum(t);
+      rt.synchronize();
+      check(t[n - 1].item<double>() == rank_sum && t[0].item<double>() == rank_sum, "all-reduce", bytes);
+      const double sec = b.time_s(5, [&] { comm.all_reduce_sum(t); });
+      b.emit({{"bench", "all_reduce"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
+             "all_reduce " + std::to_string(static_cast<int64_t>(bytes / kMiB * 1024)) + " KiB");
+    }
+    {
+      auto full = torch::full({n}, r + 1.0, opts), out = torch::empty({shard}, opts);
+      rt.comm_waits_for_compute();
+      comm.reduce_scatter_sum(full, out);
+      rt.synchronize();
+      check(out[0].item<double>() == rank_sum && out[shard - 1].item<double>() == rank_sum, "reduce-scatter", bytes);
+      const double sec = b.time_s(5, [&] { comm.reduce_scatter_sum(full, out); });
+      b.emit({{"bench", "reduce_scatter"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
+             "reduce_scatter " + std::to_string(static_cast<int64_t>(bytes / kMiB * 1024)) + " KiB");
+    }
+    {
+      auto mine = torch::full({shard}, r + 1.0, opts), full = torch::empty({n}, opts);
+      rt.comm_waits_for_compute();
+      comm.all_gather(mine, full);
+      rt.synchronize();
+      for (int q = 0; q < w; ++q) check(full[q * shard].item<double>() == q + 1.0, "all-gather", bytes);
+      const double sec = b.time_s(5, [&] { comm.all_gather(mine, full); });
+      b.emit({{"bench", "all_gather"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
+             "all_gather " + std::to_string(static_cast<int64_t>(bytes / kMiB * 1024)) + " KiB");
+    }
+  }
+}
+
+// Pinned host <-> device copies of 64 MiB to 1 GiB, the engine's per-unit sizes.
+void run_offload(Bench& b, Runtime& rt) {
+  if (!rt.is_cuda()) return;
+  for (double bytes = 64 * kMiB; bytes <= 1024 * kMiB; bytes *= 4) {
+    const int64_t n = static_cast<int64_t>(bytes) / 2;
+    auto host = torch::empty({n}, torch::dtype(torch::kBFloat16).pinned_memory(true));
+    auto dev = torch::empty({n}, torch::dtype(torch::kBFloat16).device(rt.device()));
+    host.fill_(1.0);
+    const double up = b.time_s(2, [&] { rt.copy_to_device(dev, host); });
+    b.emit({{"bench", "h2d"}, {"bytes", bytes}, {"pinned", true}, {"seconds", up}}, "h2d " + std::to_string(static_cast<int64_t>(bytes / kMiB)) + " MiB");
+    const double down = b.time_s(2, [&] { rt.copy_to_host_on_comm(host, dev); });
+    b.emit({{"bench", "d2h"}, {"bytes", bytes}, {"pinned", true}, {"seconds", down}}, "d2h " + std::to_string(static_cast<int64_t>(bytes / kMiB)) + " MiB");
+  }
+}
+
+// CPU AdamW (fp32 states, and 8-bit) by thread count on 64 Mi parameters
+// (quick: 1 Mi), bf16 gradient in and bf16 parameter out as in offload; the
+// GPU kernels on 256 Mi parameters.
+void run_optimizer(Bench& b, Runtime& rt, const Flags& f) {
+  const int64_t n = f.quick ? (int64_t{1} << 20) : (int64_t{1} << 26);
+  kernels::AdamWArgs args;
+  args.lr = 1e-4f;
+  {
+    std::vector<float> master(n, 0.01f), m(n, 0.0f), v(n, 0.0f), absm(quant8::num_blocks(n)), absv(quant8::num_blocks(n));
+    std::vector<uint8_t> qm(n, 0), qv(n, 0);
+    std::vector<uint16_t> grad(n), param(n);
+    for (int64_t i = 0; i < n; ++i) grad[i] = float_to_bf16(1e-3f * static_cast<float>((i * 2654435761u) % 2001 - 1000) / 1000.0f);
+    const int hw_threads = static_cast<int>(std::thread::hardware_concurrency());
+    std::vector<int> threads;
+    for (int t = 1; t <= hw_threads; t *= 2) threads.push_back(t);
+    if (threads.back() != hw_threads) threads.push_back(hw_threads);
+    for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kAdamW8bit}) {
+      const CpuKernel kernel = opt == OptimizerKind::kAdamW ? CpuKernel::kAdamW : CpuKernel::kAdamW8bit;
+      for (int t : threads) {
+        set_cpu_threads(t);
+        int64_t step = 0;
+        const double sec = b.time_s(1, [&] {
+          args.step = ++step;
+          if (opt == OptimizerKind::kAdamW)
+            cpu_adamw(master.data(), m.data(), v.data(), grad.data(), kernels::DType::kBFloat16, param.data(),
+                      kernels::DType::kBFloat16, n, args);
+          else
+            cpu_adamw8bit(master.data(), qm.data(), qv.data(), absm.data(), absv.data(), grad.data(),
+                          kernels::DType::kBFloat16, param.data(), kernels::DType::kBFloat16, n, args);
+        });
+        b.emit({{"bench", "cpu_optimizer"}, {"optimizer", optimizer_name(opt)}, {"params", n}, {"threads", t},
+                {"simd", simd_name(tuned_simd_level(kernel))}, {"seconds", sec}},
+               std::string("cpu ") + optimizer_name(opt) + " " + std::to_string(t) + " threads");
+      }
+    }
+  }
+  if (!rt.is_cuda()) return;
+#ifdef STEPCAST_BACKEND_CUDA
+  const int64_t g = int64_t{1} << 28;
+  const auto f32 = torch::dtype(torch::kFloat).device(rt.device());
+  auto grad = (torch::randn({g}, f32) * 1e-3).to(torch::kBFloat16);
+  auto master = torch::randn({g}, f32) * 0.02, out = torch::empty({g}, grad.options());
+  int64_t step = 0;
+  {
+    auto m = torch::zeros({g}, f32), v = torch::zeros({g}, f32);
+    const double sec = b.time_s(2, [&] {
+      args.step = ++step;
+      kernels::adamw(master.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), grad.data_ptr(),
+                     kernels::DType::kBFloat16, out.data_ptr(), kernels::DType::kBFloat16, g, args, nullptr);
+    });
+    b.emit({{"bench", "gpu_optimizer"}, {"optimizer", "adamw"}, {"params", g}, {"seconds", sec}}, "gpu adamw");
+  }
+  {
+    auto u8 = torch::dtype(torch::kByte).device(rt.device());
+    auto qm = torch::zeros({g}, u8), qv = torch::zeros({g}, u8);
+    auto am = torch::zeros({quant8::num_blocks(g)}, f32), av = torch::zeros({quant8::num_blocks(g)}, f32);
+    const double sec = b.time_s(2, [&] {
+      args.step = ++step;
+      kernels::adamw8bit(master.data_ptr<float>(), qm.data_ptr<uint8_t>(), qv.data_ptr<uint8_t>(), am.data_ptr<float>(),
+                         av.data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16, out.data_ptr(),
+                         kernels::DType::kBFloat16, g, args, quant8::signed_magnitudes(), quant8::unsigned_map(), nullptr);
+    });
+    b.emit({{"bench", "gpu_optimizer"}, {"optimizer", "adamw8bit"}, {"params", g}, {"seconds", sec}}, "gpu adamw8bit");
+  }
+#endif
+}
+
+int run_rank(const Flags& f) {
+  Rendezvous rv;
+  rv.rank = env_int("RANK", 0);
+  rv.world = env_int("WORLD_SIZE", 1);
+  rv.local_rank = env_int("LOCAL_RANK", 0);
+  if (const char* a = std::getenv("MASTER_ADDR")) rv.master_addr = a;
+  rv.master_port = env_int("MASTER_PORT", 29500);
+  rv.timeout_s = 300;
+  const bool lead = rv.rank == 0;
+  const auto dir = resolve_data_dir(f.data_dir);
+
+  bool use_cuda = false;
+  if (f.device == "cuda") use_cuda = true;
+  else if (f.device == "auto") use_cuda = torch::cuda::is_available();
+  else if (f.device != "cpu") throw InputError("--device \"" + f.device + "\" is not valid (valid: auto, cpu, cuda)");
+  std::unique_ptr<Runtime> rt = use_cuda ? Runtime::cuda(rv.local_rank) : Runtime::cpu();
+
+  const std::vector<std::string> suites = split(f.suites);
+  for (const auto& s : suites)
+    if (s != "compute" && s != "collectives" && s != "offload" && s != "optimizer")
+      throw InputError("--suite \"" + s + "\" is not valid (valid: compute, collectives, offload, optimizer)");
+  auto has = [&](const char* s) { return std::find(suites.begin(), suites.end(), s) != suites.end(); };
+
+  std::ofstream out;
+  if (lead) {
+    out.open(f.out, std::ios::app);
+    if (!out) throw InputError(f.out + ": cannot open the --out file for appending");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Bench b(*rt, f.repeats, lead ? &out : nullptr);
+  std::unique_ptr<Collectives> comm;
+  if (rv.world > 1) {
+    auto store = make_store(rv);
+    comm = use_cuda ? make_nccl(store, rv, *rt) : make_gloo(store, rv);
+  } else {
+    comm = make_single();
+  }
+  if (lead) {
+    nlohmann::json env = {{"kind", "micro_env"},
+                          {"device", rt->device_name()},
+                          {"driver", rt->driver_version()},
+                          {"libtorch", TORCH_VERSION},
+                          {"collectives", comm->name()},
+                          {"world_size", rv.world},
+                          {"hardware_threads", std::thread::hardware_concurrency()},
+                          {"git_commit", STEPCAST_GIT_COMMIT},
+                          {"suites", f.suites},
+                          {"quick", f.quick}};
+    out << env.dump() << "\n";
+  }
+  // Collectives first, on every rank; the other suites on rank 0 alone.
+  if (has("collectives")) run_collectives(b, *rt, *comm, f);
+  if (lead) {
+    if (has("compute")) run_compute(b, *rt, f, dir);
+    if (has("offload")) run_offload(b, *rt);
+    if (has("optimizer")) run_optimizer(b, *rt, f);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out << nlohmann::json{{"kind", "micro_done"}, {"suites", f.suites}, {"records", b.count_}, {"wall_s", wall}}.dump()
+        << "\n";
+    std::fprintf(stderr, "microbench: %d measurements in %.1f s, appended to %s\n", b.count_, wall, f.out.c_str());
+  }
+  return 0;
+}
+
+int main_impl(int argc, char** argv) {
+  CLI::App app{"Stepcast microbench: times GEMMs, attention, collectives, PCIe copies and optimizers alone, for calibrate's component fit."};
+  Flags f;
+  app.add_option("--out", f.out, "JSONL file to append the measurements to")->required();
+  app.add_option("--suite", f.suites, "comma-separated: compute, collectives, offload, optimizer")->capture_default_str();
+  app.add_option("--models", f.models, "models whose GEMM shapes to time")->capture_default_str();
+  app.add_option("--nproc", f.nproc, "ranks for the collectives (one per GPU)")->capture_default_str();
+  app.add_option("--repeats", f.repeats, "timed repetitions per measurement (median)")->capture_default_str();
+  app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
+  app.add_option("--data-dir", f.data_dir, "folder with models/ and hardware/");
+  app.add_flag("--quick", f.quick, "small sizes (tests on the CPU)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& h) {
+    return app.exit(h);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "microbench: error: " << e.what() << " (see microbench --help)\n";
+    return 2;
+  }
+  if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
+  if (f.repeats < 1) throw InputError("--repeats " + std::to_string(f.repeats) + " must be at least 1");
+  if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
+    std::vector<std::string> args(argv, argv + argc);
+    return launch_local_ranks(f.nproc, args);
+  }
+  return run_rank(f);
+}
+
+}  // namespace
+}  // namespace stepcast::backend
+
+int main(int argc, char** argv) {
+  try {
+    return stepcast::backend::main_impl(argc, argv);
+  } catch (const stepcast::InputError& e) {
+    std::cerr << "microbench: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (what.size() > 600) what = what.substr(0, 600) + "...";
+    std::cerr << "microbench: error: " << what << "\n";
+    return 1;
+  }
+}

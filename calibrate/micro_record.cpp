@@ -1,0 +1,151 @@
+#include "calibrate/micro_record.h"
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/errors.h"
+
+namespace stepcast::calibrate {
+
+namespace {
+
+struct BenchName {
+  MicroBench bench;
+  const char* name;
+};
+constexpr BenchName kBenchNames[kNumMicroBenches] = {
+    {MicroBench::kGemm, "gemm"},
+    {MicroBench::kAttention, "attention"},
+    {MicroBench::kAllReduce, "all_reduce"},
+    {MicroBench::kReduceScatter, "reduce_scatter"},
+    {MicroBench::kAllGather, "all_gather"},
+    {MicroBench::kH2D, "h2d"},
+    {MicroBench::kD2H, "d2h"},
+    {MicroBench::kCpuOptimizer, "cpu_optimizer"},
+    {MicroBench::kGpuOptimizer, "gpu_optimizer"},
+};
+
+double positive(const nlohmann::json& j, const char* key, const std::string& where) {
+  const double v = j.at(key).get<double>();
+  if (!(v > 0)) throw InputError(where + ": key \"" + key + "\" must be positive, got " + j.at(key).dump());
+  return v;
+}
+
+}  // namespace
+
+const char* micro_bench_name(MicroBench b) { return kBenchNames[static_cast<int>(b)].name; }
+
+std::string MicroRecord::label() const {
+  char buf[160];
+  switch (bench) {
+    case MicroBench::kGemm:
+      std::snprintf(buf, sizeof buf, "gemm %.0fx%.0fx%.0f", m, n, k);
+      break;
+    case MicroBench::kAttention:
+      std::snprintf(buf, sizeof buf, "attention b%.0f h%.0f s%.0f d%.0f", batch, heads, seq_len, head_dim);
+      break;
+    case MicroBench::kCpuOptimizer:
+    case MicroBench::kGpuOptimizer:
+      std::snprintf(buf, sizeof buf, "%s %s %.0fM params%s", micro_bench_name(bench), optimizer_name(optimizer),
+                    params / 1048576.0,
+                    bench == MicroBench::kCpuOptimizer ? (" " + std::to_string(static_cast<int>(threads)) + " threads").c_str() : "");
+      break;
+    default:
+      std::snprintf(buf, sizeof buf, "%s %.0f MiB x%.0f", micro_bench_name(bench), bytes / 1048576.0, world);
+  }
+  return buf;
+}
+
+std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& files) {
+  std::vector<MicroRecord> out;
+  for (const auto& file : files) {
+    std::ifstream in(file);
+    if (!in) throw InputError(file.string() + ": cannot open the runs file");
+    std::string line;
+    int line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (line.empty() || line.find("\"micro\"") == std::string::npos) continue;
+      const std::string where = file.string() + ":" + std::to_string(line_no);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw InputError(where + ": malformed JSON: " + e.what());
+      }
+      if (j.value("kind", "") != "micro") continue;
+      try {
+        MicroRecord r;
+        r.where = where;
+        const std::string bench = j.at("bench").get<std::string>();
+        bool known = false;
+        for (const auto& bn : kBenchNames)
+          if (bench == bn.name) {
+            r.bench = bn.bench;
+            known = true;
+          }
+        if (!known) throw InputError(where + ": key \"bench\" has unknown value \"" + bench + "\"");
+        r.seconds = positive(j, "seconds", where);
+        switch (r.bench) {
+          case MicroBench::kGemm:
+            r.m = positive(j, "m", where);
+            r.n = positive(j, "n", where);
+            r.k = positive(j, "k", where);
+            break;
+          case MicroBench::kAttention:
+            r.batch = positive(j, "batch", where);
+            r.heads = positive(j, "heads", where);
+            r.seq_len = positive(j, "seq_len", where);
+            r.head_dim = positive(j, "head_dim", where);
+            break;
+          case MicroBench::kAllReduce:
+          case MicroBench::kReduceScatter:
+          case MicroBench::kAllGather:
+            r.world = positive(j, "world", where);
+            if (r.world < 2) throw InputError(where + ": key \"world\" must be at least 2, got " + j.at("world").dump());
+            [[fallthrough]];
+          case MicroBench::kH2D:
+          case MicroBench::kD2H:
+            r.bytes = positive(j, "bytes", where);
+            break;
+          case MicroBench::kCpuOptimizer:
+            r.threads = positive(j, "threads", where);
+            [[fallthrough]];
+          case MicroBench::kGpuOptimizer:
+            r.params = positive(j, "params", where);
+            r.optimizer = parse_optimizer(j.at("optimizer").get<std::string>(), where + ": key \"optimizer\"");
+            break;
+        }
+        out.push_back(r);
+      } catch (const nlohmann::json::exception& e) {
+        throw InputError(where + ": " + e.what());
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Coef> micro_coefs(MicroBench b) {
+  switch (b) {
+    case MicroBench::kGemm:
+      return {kGemmEffMaxFrac, kGemmHalfDim};
+    case MicroBench::kAttention:
+      return {kAttnEffMaxFrac, kAttnHalfSeqTokens};
+    case MicroBench::kAllReduce:
+      return {kCollLatencyS, kIntraBusEffFrac};
+    case MicroBench::kReduceScatter:
+    case MicroBench::kAllGather:
+      return {kCollLatencyS, kIntraBusEffFrac, kRsAgBusEffMult};
+    case MicroBench::kH2D:
+    case MicroBench::kD2H:
+      return {kPcieEffFrac};
+    case MicroBench::kCpuOptimizer:
+      return {kCpuCoreBytesPerSPerLane, kCpuDramEffFrac, kCpuLaneFlopsPerS, kOptStepOverheadS};
+    case MicroBench::kGpuOptimizer:
+      return {kGpuOptBwEffFrac, kOptStepOverheadS};
+  }
+  return {};
+}
+
+}  // namespace stepcast::calibrate

@@ -1,0 +1,77 @@
+// Micro-benchmark records as `microbench --out` writes them (one JSON object
+// per measurement, "kind": "micro"), and the cost model's prediction of each
+// from the same component formulas the step model uses (model/step_time.h).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/coefficients.h"
+#include "model/hardware.h"
+#include "model/step_time.h"
+#include "model/train_config.h"
+
+namespace stepcast::calibrate {
+
+enum class MicroBench { kGemm, kAttention, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer };
+inline constexpr int kNumMicroBenches = 9;
+const char* micro_bench_name(MicroBench b);
+
+struct MicroRecord {
+  MicroBench bench{};
+  std::string where;   // file:line
+  double seconds = 0;  // median of the timed repetitions
+  // gemm: C(m x n) = A(m x k) B(k x n), bf16
+  double m = 0, n = 0, k = 0;
+  // attention: causal, flash, forward only
+  double batch = 0, heads = 0, seq_len = 0, head_dim = 0;
+  // collectives and copies: bytes of the full buffer; ranks
+  double bytes = 0, world = 1;
+  // optimizers: parameters updated, CPU threads
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  double params = 0, threads = 0;
+  std::string label() const;  // e.g. "gemm 8192x11008x4096"
+};
+
+// Reads the "kind": "micro" lines of JSONL files (other lines are skipped);
+// a malformed micro line fails with file:line and the key.
+std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& files);
+
+// The coefficients a record's formula reads (those the component fit may move).
+std::vector<Coef> micro_coefs(MicroBench b);
+
+// Predicted seconds of one micro-benchmark on `hw` with coefficients `coef`.
+template <class T>
+T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) {
+  const double bf16_peak = hw.gpu.peak_flops_per_s(Precision::kBf16);
+  const double n = r.world;
+  switch (r.bench) {
+    case MicroBench::kGemm:
+      return gemm_time_s(GemmShape{r.m, r.n, r.k, 1.0}, bf16_peak, coef);
+    case MicroBench::kAttention:
+      return attention_fwd_time_s(
+          causal_attention_fwd_flops(r.batch, r.seq_len, r.heads * r.head_dim, AttentionKind::kFlash), r.seq_len,
+          false, bf16_peak, coef);
+    case MicroBench::kAllReduce:
+      return collective_time_s(r.bytes, 1.0, 2.0 * (n - 1.0) / n, true, hw.links.intra_node_bytes_per_s, false, 0.0,
+                               coef);
+    case MicroBench::kReduceScatter:
+    case MicroBench::kAllGather:
+      return collective_time_s(r.bytes, 1.0, (n - 1.0) / n, false, hw.links.intra_node_bytes_per_s, false, 0.0, coef);
+    case MicroBench::kH2D:
+      return pcie_copy_time_s(r.bytes, hw.host.h2d_bytes_per_s, coef);
+    case MicroBench::kD2H:
+      return pcie_copy_time_s(r.bytes, hw.host.d2h_bytes_per_s, coef);
+    case MicroBench::kCpuOptimizer:
+      return cpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, true),
+                                  optimizer_flops(r.optimizer), r.threads, hw.host.simd_fp32_lanes,
+                                  hw.host.dram_bytes_per_s, coef);
+    case MicroBench::kGpuOptimizer:
+      return gpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, false),
+                                  hw.gpu.memory_bytes_per_s, coef);
+  }
+  return T(0.0);
+}
+
+}  // namespace stepcast::calibrate
