@@ -59,6 +59,7 @@ int blocks_for(int64_t n, int threads) {
 
 // --- 8-bit AdamW ------------------------------------------------------------------
 constexpr int kQ8Threads = 256;
+constexpr int kQ8SignedBits = 7, kQ8UnsignedBits = 8;  // quant8.h: the two maps' magnitude bits
 
 // The two maps (signed magnitudes, unsigned), set before each launch.
 __constant__ Quant8Map c_q8_maps[2];
@@ -72,11 +73,17 @@ struct SharedMap {
 };
 
 // quant8::encode_magnitude / decode_magnitude, the same operations on the device.
-__device__ inline int q8_encode(const SharedMap& m, float y) {
+// The level thresholds live in registers (`thr`, loaded once per thread): the
+// level search is BITS - 1 register compares instead of as many shared-memory
+// loads, which bounded the kernel's throughput; first and inv_step, indexed per
+// element, stay in shared memory.
+template <int BITS>
+__device__ inline int q8_encode(const SharedMap& m, const float (&thr)[BITS - 1], float zero_threshold, float y) {
   y = fminf(fmaxf(y, 0.0f), 1.0f);
-  if (y < m.zero_threshold) return 0;
+  if (y < zero_threshold) return 0;
   int i = 0;
-  for (int k = 0; k + 1 < m.bits; ++k) i += y >= m.threshold[k] ? 1 : 0;
+#pragma unroll
+  for (int k = 0; k + 1 < BITS; ++k) i += y >= thr[k] ? 1 : 0;
   const float t = __fmul_rn(__fsub_rn(y, m.first[i]), m.inv_step[i]);
   int j = __float2int_rn(t);
   const int last = (1 << i) - 1;
@@ -95,22 +102,28 @@ __device__ inline void load8(const float* p, float* v) {
   const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
   v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
+// bf16 <-> float by bit operations on whole 32-bit words, so that nothing is
+// addressed byte by byte and the values stay in registers (no local memory).
 __device__ inline void load8(const __nv_bfloat16* p, float* v) {
   const uint4 raw = reinterpret_cast<const uint4*>(p)[0];
-  const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int k = 0; k < 8; ++k) v[k] = __bfloat162float(h[k]);
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(w[k] << 16);
+    v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+  }
 }
 __device__ inline void store8(float* p, const float* v) {
   reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 __device__ inline void store8(__nv_bfloat16* p, const float* v) {
-  uint4 raw;
-  __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&raw);
+  unsigned w[4];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) h[k] = __float2bfloat16_rn(v[k]);
-  reinterpret_cast<uint4*>(p)[0] = raw;
+  for (int k = 0; k < 4; ++k)
+    w[k] = static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * k]))) |
+           (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * k + 1]))) << 16);
+  reinterpret_cast<uint4*>(p)[0] = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // One CUDA block per quantisation block of kQ8Threads x 8 values; each thread
@@ -139,6 +152,12 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
   __syncthreads();
   const SharedMap& smap = maps[0];
   const SharedMap& umap = maps[1];
+  float thr_s[kQ8SignedBits - 1], thr_u[kQ8UnsignedBits - 1];
+#pragma unroll
+  for (int k = 0; k + 1 < kQ8SignedBits; ++k) thr_s[k] = smap.threshold[k];
+#pragma unroll
+  for (int k = 0; k + 1 < kQ8UnsignedBits; ++k) thr_u[k] = umap.threshold[k];
+  const float zero_s = smap.zero_threshold, zero_u = umap.zero_threshold;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * 8 * kQ8Threads + 8 * threadIdx.x;
   const int count = i0 >= n ? 0 : static_cast<int>(n - i0 < 8 ? n - i0 : 8);
   const bool full = vec && count == 8;
@@ -152,10 +171,11 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
     const uint2 rm = *reinterpret_cast<const uint2*>(qm + i0), rv = *reinterpret_cast<const uint2*>(qv + i0);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      cm[k] = reinterpret_cast<const uint8_t*>(&rm)[k];
-      cv[k] = reinterpret_cast<const uint8_t*>(&rv)[k];
+      cm[k] = static_cast<uint8_t>(((k < 4 ? rm.x : rm.y) >> (8 * (k & 3))) & 0xFFu);
+      cv[k] = static_cast<uint8_t>(((k < 4 ? rv.x : rv.y) >> (8 * (k & 3))) & 0xFFu);
     }
   } else {
+#pragma unroll
     for (int k = 0; k < 8; ++k) {
       const bool in = k < count;
       g[k] = in ? load(grad, i0 + k) : 0.0f;
@@ -183,7 +203,9 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
     store8(master + i0, p);
     if (out) store8(out + i0, p);
   } else {
-    for (int k = 0; k < count; ++k) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {  // unrolled with constant indices: the arrays stay in registers
+      if (k >= count) break;
       master[i0 + k] = p[k];
       if (out) store(out, i0 + k, p[k]);
     }
@@ -208,24 +230,26 @@ __global__ void __launch_bounds__(kQ8Threads) adamw8bit_kernel(float* __restrict
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float ym = m_new[k] * inv_m, yv = v_new[k] * inv_v;
-    int c = q8_encode(smap, fabsf(ym));
+    int c = q8_encode<kQ8SignedBits>(smap, thr_s, zero_s, fabsf(ym));
     if (signbit(ym)) c |= 0x80;
     cm[k] = static_cast<uint8_t>(c);
-    c = q8_encode(umap, yv);
+    c = q8_encode<kQ8UnsignedBits>(umap, thr_u, zero_u, yv);
     if (c == 0 && yv > 0.0f) c = 1;  // a positive second moment never becomes 0
     cv[k] = static_cast<uint8_t>(c);
   }
   if (full) {
-    uint2 rm, rv;
+    uint2 rm = make_uint2(0u, 0u), rv = make_uint2(0u, 0u);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      reinterpret_cast<uint8_t*>(&rm)[k] = cm[k];
-      reinterpret_cast<uint8_t*>(&rv)[k] = cv[k];
+      (k < 4 ? rm.x : rm.y) |= static_cast<unsigned>(cm[k]) << (8 * (k & 3));
+      (k < 4 ? rv.x : rv.y) |= static_cast<unsigned>(cv[k]) << (8 * (k & 3));
     }
     *reinterpret_cast<uint2*>(qm + i0) = rm;
     *reinterpret_cast<uint2*>(qv + i0) = rv;
   } else {
-    for (int k = 0; k < count; ++k) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (k >= count) break;
       qm[i0 + k] = cm[k];
       qv[i0 + k] = cv[k];
     }
@@ -246,6 +270,8 @@ void adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, co
   constexpr int64_t kBlockValues = kPerThread * kQ8Threads;
   static_assert(kBlockValues == quant8::kBlock, "one CUDA block per quantisation block");
   auto s = static_cast<cudaStream_t>(stream);
+  if (smap.bits != kQ8SignedBits || umap.bits != kQ8UnsignedBits)
+    throw std::logic_error("adamw8bit: the kernel is compiled for 7-bit signed and 8-bit unsigned maps");
   const Quant8Map maps[2] = {smap, umap};
   CUDA_CHECK(cudaMemcpyToSymbolAsync(c_q8_maps, maps, sizeof maps, 0, cudaMemcpyHostToDevice, s));
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));

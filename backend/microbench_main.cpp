@@ -314,8 +314,9 @@ int run_rank(const Flags& f) {
   const auto t0 = std::chrono::steady_clock::now();
   Bench b(*rt, f.repeats, lead ? &out : nullptr);
   std::unique_ptr<Collectives> comm;
+  c10::intrusive_ptr<c10d::Store> store;
   if (rv.world > 1) {
-    auto store = make_store(rv);
+    store = make_store(rv);
     comm = use_cuda ? make_nccl(store, rv, *rt) : make_gloo(store, rv);
   } else {
     comm = make_single();
@@ -335,7 +336,13 @@ int run_rank(const Flags& f) {
   }
   // Collectives first, on every rank; the other suites on rank 0 alone.
   if (has("collectives")) run_collectives(b, *rt, *comm, f);
-  if (lead) {
+  if (!lead) {
+    // Stay until rank 0 has finished (it serves the store; the launcher stops
+    // every rank when one ends abnormally).
+    store->wait({"microbench_done"}, std::chrono::milliseconds(1800 * 1000));
+    return 0;
+  }
+  {
     if (has("compute")) run_compute(b, *rt, f, dir);
     if (has("offload")) run_offload(b, *rt);
     if (has("optimizer")) run_optimizer(b, *rt, f);
@@ -343,6 +350,7 @@ int run_rank(const Flags& f) {
     out << nlohmann::json{{"kind", "micro_done"}, {"suites", f.suites}, {"records", b.count_}, {"wall_s", wall}}.dump()
         << "\n";
     std::fprintf(stderr, "microbench: %d measurements in %.1f s, appended to %s\n", b.count_, wall, f.out.c_str());
+    if (store) store->set("microbench_done", std::vector<uint8_t>{1});
   }
   return 0;
 }
