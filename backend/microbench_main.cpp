@@ -2,7 +2,7 @@
 // own code paths, for calibrate's component fit (calibrate/micro_record.h):
 //   compute     bf16 GEMMs of the shapes the model families run (the cost
 //               model's own GEMM classes, from make_features), causal flash
-//               attention by sequence length
+//               attention by sequence length (forward, and backward alone)
 //   collectives all-reduce, reduce-scatter, all-gather by size, over NCCL on
 //               the GPU or Gloo on the CPU; each result is checked once
 //   offload     pinned host <-> device copies by size (GPU only)
@@ -144,9 +144,26 @@ void run_compute(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::p
     auto q = torch::randn({batch, heads, s, head_dim}, opts), k = torch::randn_like(q), v = torch::randn_like(q);
     torch::Tensor o;
     const double sec = b.time_s(3, [&] { o = compat::causal_attention(q, k, v); });
-    b.emit({{"bench", "attention"}, {"batch", batch}, {"heads", heads}, {"seq_len", s}, {"head_dim", head_dim},
-            {"causal", true}, {"kernel", compat::kTorch2 ? "sdpa" : "math"}, {"dtype", dtype}, {"seconds", sec}},
-           "attention s" + std::to_string(s) + " b" + std::to_string(batch));
+    const nlohmann::json shape = {{"batch", batch}, {"heads", heads}, {"seq_len", s}, {"head_dim", head_dim},
+                                  {"causal", true}, {"kernel", compat::kTorch2 ? "sdpa" : "math"}, {"dtype", dtype}};
+    nlohmann::json j = shape;
+    j["bench"] = "attention";
+    j["seconds"] = sec;
+    b.emit(j, "attention s" + std::to_string(s) + " b" + std::to_string(batch));
+    // Backward alone: forward + backward, less the forward.
+    q.requires_grad_(true);
+    k.requires_grad_(true);
+    v.requires_grad_(true);
+    auto grad_o = torch::randn_like(q);
+    const double both = b.time_s(2, [&] {
+      auto out = compat::causal_attention(q, k, v);
+      out.backward(grad_o);
+    });
+    j = shape;
+    j["bench"] = "attention_bwd";
+    j["seconds"] = std::max(both - sec, 1e-9);
+    j["forward_backward_seconds"] = both;
+    b.emit(j, "attention backward s" + std::to_string(s) + " b" + std::to_string(batch));
   }
 }
 
@@ -218,7 +235,7 @@ void run_offload(Bench& b, Runtime& rt) {
 
 // CPU AdamW (fp32 states, and 8-bit) by thread count on 64 Mi parameters
 // (quick: 1 Mi), bf16 gradient in and bf16 parameter out as in offload; the
-// GPU kernels on 256 Mi parameters.
+// GPU kernels on 1 Mi to 256 Mi parameters.
 void run_optimizer(Bench& b, Runtime& rt, const Flags& f) {
   const int64_t n = f.quick ? (int64_t{1} << 20) : (int64_t{1} << 26);
   kernels::AdamWArgs args;
@@ -254,31 +271,37 @@ void run_optimizer(Bench& b, Runtime& rt, const Flags& f) {
   }
   if (!rt.is_cuda()) return;
 #ifdef STEPCAST_BACKEND_CUDA
-  const int64_t g = int64_t{1} << 28;
-  const auto f32 = torch::dtype(torch::kFloat).device(rt.device());
-  auto grad = (torch::randn({g}, f32) * 1e-3).to(torch::kBFloat16);
-  auto master = torch::randn({g}, f32) * 0.02, out = torch::empty({g}, grad.options());
-  int64_t step = 0;
-  {
-    auto m = torch::zeros({g}, f32), v = torch::zeros({g}, f32);
-    const double sec = b.time_s(2, [&] {
-      args.step = ++step;
-      kernels::adamw(master.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), grad.data_ptr(),
-                     kernels::DType::kBFloat16, out.data_ptr(), kernels::DType::kBFloat16, g, args, nullptr);
-    });
-    b.emit({{"bench", "gpu_optimizer"}, {"optimizer", "adamw"}, {"params", g}, {"seconds", sec}}, "gpu adamw");
-  }
-  {
-    auto u8 = torch::dtype(torch::kByte).device(rt.device());
-    auto qm = torch::zeros({g}, u8), qv = torch::zeros({g}, u8);
-    auto am = torch::zeros({quant8::num_blocks(g)}, f32), av = torch::zeros({quant8::num_blocks(g)}, f32);
-    const double sec = b.time_s(2, [&] {
-      args.step = ++step;
-      kernels::adamw8bit(master.data_ptr<float>(), qm.data_ptr<uint8_t>(), qv.data_ptr<uint8_t>(), am.data_ptr<float>(),
-                         av.data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16, out.data_ptr(),
-                         kernels::DType::kBFloat16, g, args, quant8::signed_magnitudes(), quant8::unsigned_map(), nullptr);
-    });
-    b.emit({{"bench", "gpu_optimizer"}, {"optimizer", "adamw8bit"}, {"params", g}, {"seconds", sec}}, "gpu adamw8bit");
+  // 1 Mi to 256 Mi parameters: the launch-bound end fixes the per-step overhead.
+  for (const int64_t g : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 28}) {
+    const auto f32 = torch::dtype(torch::kFloat).device(rt.device());
+    auto grad = (torch::randn({g}, f32) * 1e-3).to(torch::kBFloat16);
+    auto master = torch::randn({g}, f32) * 0.02, out = torch::empty({g}, grad.options());
+    const int inner = g < (int64_t{1} << 26) ? 20 : 2;
+    int64_t step = 0;
+    {
+      auto m = torch::zeros({g}, f32), v = torch::zeros({g}, f32);
+      const double sec = b.time_s(inner, [&] {
+        args.step = ++step;
+        kernels::adamw(master.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), grad.data_ptr(),
+                       kernels::DType::kBFloat16, out.data_ptr(), kernels::DType::kBFloat16, g, args, nullptr);
+      });
+      b.emit({{"bench", "gpu_optimizer"}, {"optimizer", "adamw"}, {"params", g}, {"seconds", sec}},
+             "gpu adamw " + std::to_string(g >> 20) + " Mi");
+    }
+    {
+      auto u8 = torch::dtype(torch::kByte).device(rt.device());
+      auto qm = torch::zeros({g}, u8), qv = torch::zeros({g}, u8);
+      auto am = torch::zeros({quant8::num_blocks(g)}, f32), av = torch::zeros({quant8::num_blocks(g)}, f32);
+      const double sec = b.time_s(inner, [&] {
+        args.step = ++step;
+        kernels::adamw8bit(master.data_ptr<float>(), qm.data_ptr<uint8_t>(), qv.data_ptr<uint8_t>(),
+                           am.data_ptr<float>(), av.data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16,
+                           out.data_ptr(), kernels::DType::kBFloat16, g, args, quant8::signed_magnitudes(),
+                           quant8::unsigned_map(), nullptr);
+      });
+      b.emit({{"bench", "gpu_optimizer"}, {"optimizer", "adamw8bit"}, {"params", g}, {"seconds", sec}},
+             "gpu adamw8bit " + std::to_string(g >> 20) + " Mi");
+    }
   }
 #endif
 }

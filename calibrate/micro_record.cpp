@@ -17,6 +17,7 @@ struct BenchName {
 constexpr BenchName kBenchNames[kNumMicroBenches] = {
     {MicroBench::kGemm, "gemm"},
     {MicroBench::kAttention, "attention"},
+    {MicroBench::kAttentionBwd, "attention_bwd"},
     {MicroBench::kAllReduce, "all_reduce"},
     {MicroBench::kReduceScatter, "reduce_scatter"},
     {MicroBench::kAllGather, "all_gather"},
@@ -43,7 +44,8 @@ std::string MicroRecord::label() const {
       std::snprintf(buf, sizeof buf, "gemm %.0fx%.0fx%.0f", m, n, k);
       break;
     case MicroBench::kAttention:
-      std::snprintf(buf, sizeof buf, "attention b%.0f h%.0f s%.0f d%.0f", batch, heads, seq_len, head_dim);
+    case MicroBench::kAttentionBwd:
+      std::snprintf(buf, sizeof buf, "%s b%.0f h%.0f s%.0f d%.0f", micro_bench_name(bench), batch, heads, seq_len, head_dim);
       break;
     case MicroBench::kCpuOptimizer:
     case MicroBench::kGpuOptimizer:
@@ -94,6 +96,7 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
             r.k = positive(j, "k", where);
             break;
           case MicroBench::kAttention:
+          case MicroBench::kAttentionBwd:
             r.batch = positive(j, "batch", where);
             r.heads = positive(j, "heads", where);
             r.seq_len = positive(j, "seq_len", where);
@@ -132,6 +135,8 @@ std::vector<Coef> micro_coefs(MicroBench b) {
       return {kGemmEffMaxFrac, kGemmHalfDim};
     case MicroBench::kAttention:
       return {kAttnEffMaxFrac, kAttnHalfSeqTokens};
+    case MicroBench::kAttentionBwd:
+      return {kAttnEffMaxFrac, kAttnHalfSeqTokens, kAttnBwdSlowdownMult};
     case MicroBench::kAllReduce:
       return {kCollLatencyS, kIntraBusEffFrac};
     case MicroBench::kReduceScatter:
@@ -141,9 +146,9 @@ std::vector<Coef> micro_coefs(MicroBench b) {
     case MicroBench::kD2H:
       return {kPcieEffFrac};
     case MicroBench::kCpuOptimizer:
-      return {kCpuCoreBytesPerSPerLane, kCpuDramEffFrac, kCpuLaneFlopsPerS, kOptStepOverheadS};
+      return {kCpuCoreBytesPerSPerLane, kCpuDramEffFrac, kCpuLaneFlopsPerS, kCpuOptStepOverheadS};
     case MicroBench::kGpuOptimizer:
-      return {kGpuOptBwEffFrac, kOptStepOverheadS};
+      return {kGpuOptBwEffFrac, kGpuOptFlopsPerS, kOptStepOverheadS};
   }
   return {};
 }

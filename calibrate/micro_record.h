@@ -14,8 +14,8 @@
 
 namespace stepcast::calibrate {
 
-enum class MicroBench { kGemm, kAttention, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer };
-inline constexpr int kNumMicroBenches = 9;
+enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer };
+inline constexpr int kNumMicroBenches = 10;
 const char* micro_bench_name(MicroBench b);
 
 struct MicroRecord {
@@ -24,7 +24,7 @@ struct MicroRecord {
   double seconds = 0;  // median of the timed repetitions
   // gemm: C(m x n) = A(m x k) B(k x n), bf16
   double m = 0, n = 0, k = 0;
-  // attention: causal, flash, forward only
+  // attention: causal, flash; forward, or backward alone
   double batch = 0, heads = 0, seq_len = 0, head_dim = 0;
   // collectives and copies: bytes of the full buffer; ranks
   double bytes = 0, world = 1;
@@ -50,9 +50,12 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
     case MicroBench::kGemm:
       return gemm_time_s(GemmShape{r.m, r.n, r.k, 1.0}, bf16_peak, coef);
     case MicroBench::kAttention:
-      return attention_fwd_time_s(
+    case MicroBench::kAttentionBwd: {
+      const T fwd = attention_fwd_time_s(
           causal_attention_fwd_flops(r.batch, r.seq_len, r.heads * r.head_dim, AttentionKind::kFlash), r.seq_len,
           false, bf16_peak, coef);
+      return r.bench == MicroBench::kAttention ? fwd : attention_bwd_time_s(fwd, kFlashAttnBwdFlopsMult, coef);
+    }
     case MicroBench::kAllReduce:
       return collective_time_s(r.bytes, 1.0, 2.0 * (n - 1.0) / n, true, hw.links.intra_node_bytes_per_s, false, 0.0,
                                coef);
@@ -69,7 +72,7 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
                                   hw.host.dram_bytes_per_s, coef);
     case MicroBench::kGpuOptimizer:
       return gpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, false),
-                                  hw.gpu.memory_bytes_per_s, coef);
+                                  optimizer_flops(r.optimizer), hw.gpu.memory_bytes_per_s, coef);
   }
   return T(0.0);
 }

@@ -24,6 +24,11 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // Uncalibrated default chosen so that llama-2-7b on 2 x H200 (micro-batch
     // 4, GAS 4, seq 2048, bf16) predicts about the 20,100 tokens/s (43 % MFU)
     // that PyTorch FSDP2 reached there (REFERENCE.md section 6).
+    // FlashAttention-2's backward runs 2.5x its forward FLOPs at a lower efficiency
+    // than its forward (Dao 2023, figure 5: about 0.7 of the forward's rate on
+    // A100); the micro-benchmarks measure it (calibrate's component fit).
+    {kAttnBwdSlowdownMult, "attn_bwd_slowdown_mult", 0.5, 6.0, 1.15, "1",
+     "attention backward time / (its FLOP ratio x its forward time)"},
     {kElementwiseTrafficMult, "elementwise_traffic_mult", 0.0, 50.0, 8.0, "1",
      "HBM bytes moved by norms, activations, rotary and residuals per saved activation byte"},
     {kLayerOverheadS, "layer_overhead_s", 0.0, 5e-3, 30e-6, "s",
@@ -55,6 +60,11 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // 9.0e-3 s = 3.34 TB/s of 4.8 TB/s = 0.70.
     {kGpuOptBwEffFrac, "gpu_opt_bw_eff_frac", 0.05, 1.0, 0.70, "1",
      "GPU optimizer: achieved fraction of HBM bandwidth"},
+    // The 8-bit kernel decodes and re-encodes both moments: ~60 operations per
+    // parameter; on the H200, 2^28 parameters in 2.09 ms (calibration micro-benchmark,
+    // 2026-11-30) = 7.7e12 per second.
+    {kGpuOptFlopsPerS, "gpu_opt_flops_per_s", 1e11, 1e15, 8e12, "FLOP/s",
+     "GPU optimizer: arithmetic rate of its kernels"},
     // torch fused CPU AdamW at 28 B/param: 2.24 Gparam/s (63 GB/s) at 4 threads
     // and 4.0 (112 GB/s) at 16. A harmonic model 1/bw = 1/(cores*c) + 1/D
     // through both points gives c = 27 GB/s per AVX-512 core = 1.7 GB/s per
@@ -65,8 +75,13 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "CPU optimizer: arithmetic rate of one fp32 SIMD lane"},
     {kCpuDramEffFrac, "cpu_dram_eff_frac", 0.05, 1.0, 0.94, "1",
      "CPU optimizer: achievable fraction of the host DRAM bandwidth"},
-    {kOptStepOverheadS, "opt_step_overhead_s", 0.0, 1.0, 2e-3, "s",
-     "fixed time of one optimizer step"},
+    // One kernel per parameter unit (layers + 2) at ~5 us each.
+    {kOptStepOverheadS, "opt_step_overhead_s", 0.0, 1.0, 2e-4, "s",
+     "fixed time of one GPU optimizer step"},
+    // Waking the optimizer's threads and joining them: ~1 ms for 32 threads on the
+    // H200 host (calibration micro-benchmark, 2026-11-30).
+    {kCpuOptStepOverheadS, "cpu_opt_step_overhead_s", 0.0, 1.0, 1e-3, "s",
+     "fixed time of one CPU optimizer step"},
     {kGpuWorkspaceBytes, "gpu_workspace_bytes", 0.0, 16e9, 1.5e9, "B",
      "CUDA context, library workspaces and allocator reserve per GPU"},
     {kGpuFragFrac, "gpu_frag_frac", 0.0, 1.0, 0.10, "1",

@@ -19,6 +19,7 @@ enum Coef : int {
   kAttnEffMaxFrac,           // best fraction of peak of fused (flash) attention
   kAttnHalfSeqTokens,        // sequence length at which attention runs at half its best efficiency
   kBackwardSlowdownMult,     // backward time / twice the forward time of the same GEMMs and ops
+  kAttnBwdSlowdownMult,      // attention backward time / (its FLOP ratio x its forward time)
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
   kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
   // --- communication --------------------------------------------------------
@@ -34,10 +35,12 @@ enum Coef : int {
   kCpuOptOverlapFrac,        // share of the last backward that hides the pipelined CPU optimizer
   // --- optimizer ------------------------------------------------------------
   kGpuOptBwEffFrac,          // GPU optimizer: achieved fraction of HBM bandwidth
+  kGpuOptFlopsPerS,          // GPU optimizer: arithmetic rate of its kernels (8-bit decode/encode)
   kCpuCoreBytesPerSPerLane,  // CPU optimizer: streaming rate of one core per fp32 SIMD lane
   kCpuLaneFlopsPerS,         // CPU optimizer: arithmetic rate of one fp32 SIMD lane
   kCpuDramEffFrac,           // CPU optimizer: achievable fraction of host DRAM bandwidth
-  kOptStepOverheadS,         // fixed time of one optimizer step (launch, thread wake-up, sync)
+  kOptStepOverheadS,         // fixed time of one GPU optimizer step (kernel launches)
+  kCpuOptStepOverheadS,      // fixed time of one CPU optimizer step (thread wake-up, sync)
   // --- memory ---------------------------------------------------------------
   kGpuWorkspaceBytes,        // CUDA context, cuBLAS/NCCL workspaces, allocator reserve
   kGpuFragFrac,              // caching-allocator fragmentation on dynamic allocations

@@ -130,7 +130,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // the full square; flash kernels skip the masked half, the math path does not.
   f.attn_fwd_flops = causal_attention_fwd_flops(b, s, static_cast<double>(spec.q_dim()), c.attention) * L;
   if (c.attention == AttentionKind::kFlash) {
-    f.attn_bwd_flops_mult = 2.5;  // FlashAttention-2 (Dao 2023): backward = 2.5x forward
+    f.attn_bwd_flops_mult = kFlashAttnBwdFlopsMult;
     f.attn_uses_gemm_eff = 0;
   } else {
     f.attn_bwd_flops_mult = 2.0;

@@ -102,6 +102,7 @@ double optimizer_flops(OptimizerKind opt);
 // Forward FLOPs of causal attention of one layer: QK^T and PV are 2 b s^2 d_attn
 // each for the full square; flash kernels skip the masked half, the math path
 // does not.
+inline constexpr double kFlashAttnBwdFlopsMult = 2.5;  // FlashAttention-2 (Dao 2023): backward = 2.5x forward
 double causal_attention_fwd_flops(double batch, double seq_len, double q_dim, AttentionKind attention);
 
 // Parameters held in tensors below bitsandbytes' min_8bit_size (4096

@@ -100,6 +100,22 @@ T collective_time_s(double bytes, double calls, double bus_factor, bool allreduc
   return calls * latency + bytes * bus_factor / (link_bytes_per_s * eff);
 }
 
+// Backward time of causal attention: `bwd_flops_mult` times its forward FLOPs
+// (2.5 for flash kernels), at a rate attn_bwd_slowdown_mult below its forward's.
+template <class T>
+T attention_bwd_time_s(const T& fwd_s, double bwd_flops_mult, const T* coef) {
+  return bwd_flops_mult * fwd_s * coef[kAttnBwdSlowdownMult];
+}
+
+// Roofline with a smooth corner, (a^4 + b^4)^(1/4): within 19 % of max() where
+// both are equal and 0.005 % where one is 3x the other; it keeps a rate
+// identifiable from runs bound by the other one near the corner.
+template <class T>
+T smooth_max(const T& a, const T& b) {
+  using std::pow;
+  return pow(pow(a, 4.0) + pow(b, 4.0), 0.25);
+}
+
 // A pinned host <-> device copy of `bytes` over a link of `link_bytes_per_s`.
 template <class T>
 T pcie_copy_time_s(double bytes, double link_bytes_per_s, const T* coef) {
@@ -111,25 +127,26 @@ T pcie_copy_time_s(double bytes, double link_bytes_per_s, const T* coef) {
 // 1 / (1 / (cores x lanes x per-lane rate) + 1 / DRAM): it reproduces torch's
 // fused CPU AdamW at 4 and 16 threads (coefficients.cpp), and, unlike a min(),
 // keeps both coefficients identifiable from either regime. Its arithmetic runs
-// on cores x lanes; memory and arithmetic meet in a roofline with a smooth
-// corner, (memory^4 + arithmetic^4)^(1/4): within 19 % of max() where both are
-// equal and 0.005 % where one is 3x the other, so the lane rate stays
-// identifiable from memory-bound runs near the corner (8-bit AdamW).
+// on cores x lanes; memory and arithmetic meet in a smooth roofline, so the lane
+// rate stays identifiable from memory-bound runs near the corner (8-bit AdamW).
 template <class T>
 T cpu_optimizer_time_s(double params, double bytes_per_param, double flops_per_param, double cores, double lanes,
                        double dram_bytes_per_s, const T* coef) {
-  using std::pow;
   const T stream_bps =
       1.0 / (1.0 / (T(dram_bytes_per_s) * coef[kCpuDramEffFrac]) + 1.0 / (cores * lanes * coef[kCpuCoreBytesPerSPerLane]));
   const T memory_s = params * bytes_per_param / stream_bps;
   const T arith_s = params * flops_per_param / (cores * lanes * coef[kCpuLaneFlopsPerS]);
-  return pow(pow(memory_s, 4.0) + pow(arith_s, 4.0), 0.25) + coef[kOptStepOverheadS];
+  return smooth_max(memory_s, arith_s) + coef[kCpuOptStepOverheadS];
 }
 
-// The GPU optimizer: its traffic at a fraction of HBM bandwidth.
+// The GPU optimizer: its traffic at a fraction of HBM bandwidth, or its
+// arithmetic (8-bit AdamW's decode and encode), in the same smooth roofline.
 template <class T>
-T gpu_optimizer_time_s(double params, double bytes_per_param, double hbm_bytes_per_s, const T* coef) {
-  return params * bytes_per_param / (hbm_bytes_per_s * coef[kGpuOptBwEffFrac]) + coef[kOptStepOverheadS];
+T gpu_optimizer_time_s(double params, double bytes_per_param, double flops_per_param, double hbm_bytes_per_s,
+                       const T* coef) {
+  const T memory_s = params * bytes_per_param / (hbm_bytes_per_s * coef[kGpuOptBwEffFrac]);
+  const T arith_s = params * flops_per_param / coef[kGpuOptFlopsPerS];
+  return smooth_max(memory_s, arith_s) + coef[kOptStepOverheadS];
 }
 
 namespace detail {
@@ -157,9 +174,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
 
   const T fwd_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s;
-  const T bwd_s = coef[kBackwardSlowdownMult] *
-                      (2.0 * gemm_fwd_s + f.attn_bwd_flops_mult * attn_fwd_s + 2.0 * elementwise_fwd_s) +
-                  overhead_s;
+  const T bwd_s = coef[kBackwardSlowdownMult] * (2.0 * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
+                  attention_bwd_time_s(attn_fwd_s, f.attn_bwd_flops_mult, coef) + overhead_s;
   const T recompute_s = f.recompute * fwd_s;
   const T compute_s = fwd_s + bwd_s + recompute_s;
 
@@ -194,7 +210,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       f.opt_on_cpu > 0.0
           ? cpu_optimizer_time_s(f.opt_params_rank * f.ranks_per_node, f.opt_bytes_per_param, f.opt_flops_per_param,
                                  f.cpu_cores_node, f.cpu_simd_lanes, f.dram_bytes_per_s, coef)
-          : gpu_optimizer_time_s(f.opt_params_rank, f.opt_bytes_per_param, f.hbm_bytes_per_s, coef);
+          : gpu_optimizer_time_s(f.opt_params_rank, f.opt_bytes_per_param, f.opt_flops_per_param, f.hbm_bytes_per_s,
+                                 coef);
   const T upload_s = pcie_copy_time_s(f.h2d_bytes_step, f.h2d_bytes_per_s, coef);
   const T post_gather_s = detail::collective_time_s(f.post_step_gather_bytes, f.post_step_gather_calls,
                                                     f.gather_bus_factor, false, f, coef);

@@ -167,7 +167,10 @@ CoefVector component_truth() {
   c[kCpuDramEffFrac] = 0.65;
   c[kCpuLaneFlopsPerS] = 1.5e9;
   c[kGpuOptBwEffFrac] = 0.6;
-  c[kOptStepOverheadS] = 2e-4;
+  c[kGpuOptFlopsPerS] = 5e12;
+  c[kOptStepOverheadS] = 5e-5;
+  c[kCpuOptStepOverheadS] = 2e-3;
+  c[kAttnBwdSlowdownMult] = 1.6;
   return c;
 }
 
@@ -189,7 +192,8 @@ std::vector<MicroRecord> synthetic_micro(uint64_t seed) {
                                                                  {32000, 4096}, {7680, 2560}, {2560, 10240}})
       add({.bench = MicroBench::kGemm, .m = m, .n = nk.first, .k = nk.second});
   for (double s : {512.0, 1024.0, 2048.0, 4096.0, 8192.0})
-    add({.bench = MicroBench::kAttention, .batch = 16384 / s, .heads = 32, .seq_len = s, .head_dim = 128});
+    for (MicroBench b : {MicroBench::kAttention, MicroBench::kAttentionBwd})
+      add({.bench = b, .batch = 16384 / s, .heads = 32, .seq_len = s, .head_dim = 128});
   for (MicroBench b : {MicroBench::kAllReduce, MicroBench::kReduceScatter, MicroBench::kAllGather})
     for (double mib = 1; mib <= 1024; mib *= 4) add({.bench = b, .bytes = mib * 1048576.0, .world = 2});
   for (MicroBench b : {MicroBench::kH2D, MicroBench::kD2H})
@@ -197,7 +201,8 @@ std::vector<MicroRecord> synthetic_micro(uint64_t seed) {
   for (OptimizerKind o : {OptimizerKind::kAdamW, OptimizerKind::kAdamW8bit}) {
     for (double threads : {1.0, 2.0, 4.0, 8.0, 16.0, 32.0})
       add({.bench = MicroBench::kCpuOptimizer, .optimizer = o, .params = 67108864.0, .threads = threads});
-    add({.bench = MicroBench::kGpuOptimizer, .optimizer = o, .params = 268435456.0});
+    for (double params : {1048576.0, 16777216.0, 268435456.0})
+      add({.bench = MicroBench::kGpuOptimizer, .optimizer = o, .params = params});
   }
   return out;
 }
@@ -217,12 +222,13 @@ TEST_CASE("component fit: each component's coefficients come back from its micro
     CHECK(fit.coefs[c] == default_coefs()[c]);
   // Those that set a rate over a size sweep: 5 %. The second-order ones (a tile
   // half-size, a latency under large transfers, the sequence half-point): 30 %.
-  for (Coef c : {kGemmEffMaxFrac, kAttnEffMaxFrac, kIntraBusEffFrac, kRsAgBusEffMult, kPcieEffFrac, kCpuDramEffFrac,
-                 kCpuCoreBytesPerSPerLane, kGpuOptBwEffFrac}) {
+  for (Coef c : {kGemmEffMaxFrac, kAttnEffMaxFrac, kAttnBwdSlowdownMult, kIntraBusEffFrac, kRsAgBusEffMult,
+                 kPcieEffFrac, kCpuDramEffFrac, kCpuCoreBytesPerSPerLane, kGpuOptBwEffFrac, kGpuOptFlopsPerS}) {
     CAPTURE(coef_table()[c].name);
     CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.05));
   }
-  for (Coef c : {kGemmHalfDim, kAttnHalfSeqTokens, kCollLatencyS, kCpuLaneFlopsPerS}) {
+  for (Coef c : {kGemmHalfDim, kAttnHalfSeqTokens, kCollLatencyS, kCpuLaneFlopsPerS, kOptStepOverheadS,
+                 kCpuOptStepOverheadS}) {
     CAPTURE(coef_table()[c].name);
     CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.30));
   }
