@@ -136,7 +136,7 @@ std::vector<Coef> micro_coefs(MicroBench b) {
     case MicroBench::kAttention:
       return {kAttnEffMaxFrac, kAttnHalfSeqTokens};
     case MicroBench::kAttentionBwd:
-      return {kAttnEffMaxFrac, kAttnHalfSeqTokens, kAttnBwdSlowdownMult};
+      return {kAttnBwdEffMaxFrac, kAttnBwdHalfSeqTokens};
     case MicroBench::kAllReduce:
       return {kCollLatencyS, kIntraBusEffFrac};
     case MicroBench::kReduceScatter:

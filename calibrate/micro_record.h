@@ -51,10 +51,11 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
       return gemm_time_s(GemmShape{r.m, r.n, r.k, 1.0}, bf16_peak, coef);
     case MicroBench::kAttention:
     case MicroBench::kAttentionBwd: {
-      const T fwd = attention_fwd_time_s(
-          causal_attention_fwd_flops(r.batch, r.seq_len, r.heads * r.head_dim, AttentionKind::kFlash), r.seq_len,
-          false, bf16_peak, coef);
-      return r.bench == MicroBench::kAttention ? fwd : attention_bwd_time_s(fwd, kFlashAttnBwdFlopsMult, coef);
+      const double fwd_flops =
+          causal_attention_fwd_flops(r.batch, r.seq_len, r.heads * r.head_dim, AttentionKind::kFlash);
+      return r.bench == MicroBench::kAttention
+                 ? attention_fwd_time_s(fwd_flops, r.seq_len, false, bf16_peak, coef)
+                 : attention_bwd_time_s(fwd_flops, r.seq_len, kFlashAttnBwdFlopsMult, false, bf16_peak, coef);
     }
     case MicroBench::kAllReduce:
       return collective_time_s(r.bytes, 1.0, 2.0 * (n - 1.0) / n, true, hw.links.intra_node_bytes_per_s, false, 0.0,

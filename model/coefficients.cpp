@@ -25,10 +25,12 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // 4, GAS 4, seq 2048, bf16) predicts about the 20,100 tokens/s (43 % MFU)
     // that PyTorch FSDP2 reached there (REFERENCE.md section 6).
     // FlashAttention-2's backward runs 2.5x its forward FLOPs at a lower efficiency
-    // than its forward (Dao 2023, figure 5: about 0.7 of the forward's rate on
-    // A100); the micro-benchmarks measure it (calibrate's component fit).
-    {kAttnBwdSlowdownMult, "attn_bwd_slowdown_mult", 0.5, 6.0, 1.15, "1",
-     "attention backward time / (its FLOP ratio x its forward time)"},
+    // than its forward, and reaches it at longer sequences (Dao 2023, figures 5-6).
+    // Defaults: the forward's values; the micro-benchmarks measure both.
+    {kAttnBwdEffMaxFrac, "attn_bwd_eff_max_frac", 0.05, 1.0, 0.62, "1",
+     "best fraction of peak of fused attention backward"},
+    {kAttnBwdHalfSeqTokens, "attn_bwd_half_seq_tokens", 0.0, 65536.0, 1052.0, "tokens",
+     "sequence length at which attention backward runs at half its best efficiency"},
     {kElementwiseTrafficMult, "elementwise_traffic_mult", 0.0, 50.0, 8.0, "1",
      "HBM bytes moved by norms, activations, rotary and residuals per saved activation byte"},
     {kLayerOverheadS, "layer_overhead_s", 0.0, 5e-3, 30e-6, "s",

@@ -19,7 +19,8 @@ enum Coef : int {
   kAttnEffMaxFrac,           // best fraction of peak of fused (flash) attention
   kAttnHalfSeqTokens,        // sequence length at which attention runs at half its best efficiency
   kBackwardSlowdownMult,     // backward time / twice the forward time of the same GEMMs and ops
-  kAttnBwdSlowdownMult,      // attention backward time / (its FLOP ratio x its forward time)
+  kAttnBwdEffMaxFrac,        // best fraction of peak of the fused attention backward
+  kAttnBwdHalfSeqTokens,     // sequence length at which the attention backward runs at half its best
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
   kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
   // --- communication --------------------------------------------------------

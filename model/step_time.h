@@ -100,11 +100,18 @@ T collective_time_s(double bytes, double calls, double bus_factor, bool allreduc
   return calls * latency + bytes * bus_factor / (link_bytes_per_s * eff);
 }
 
-// Backward time of causal attention: `bwd_flops_mult` times its forward FLOPs
-// (2.5 for flash kernels), at a rate attn_bwd_slowdown_mult below its forward's.
+// Backward time of causal attention, `bwd_flops_mult` times the forward's
+// `fwd_flops` (2.5 for flash kernels): flash backward kernels have their own
+// best efficiency and half-point; the math path runs as batched GEMMs, at the
+// backward slowdown of the other GEMMs.
 template <class T>
-T attention_bwd_time_s(const T& fwd_s, double bwd_flops_mult, const T* coef) {
-  return bwd_flops_mult * fwd_s * coef[kAttnBwdSlowdownMult];
+T attention_bwd_time_s(double fwd_flops, double seq_len, double bwd_flops_mult, bool math_attention,
+                       double peak_flops_per_s, const T* coef) {
+  if (math_attention)
+    return bwd_flops_mult * attention_fwd_time_s(fwd_flops, seq_len, true, peak_flops_per_s, coef) *
+           coef[kBackwardSlowdownMult];
+  const T eff = coef[kAttnBwdEffMaxFrac] * (seq_len / (seq_len + coef[kAttnBwdHalfSeqTokens]));
+  return bwd_flops_mult * fwd_flops / (peak_flops_per_s * eff);
 }
 
 // Roofline with a smooth corner, (a^4 + b^4)^(1/4): within 19 % of max() where
@@ -175,7 +182,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
 
   const T fwd_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s;
   const T bwd_s = coef[kBackwardSlowdownMult] * (2.0 * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
-                  attention_bwd_time_s(attn_fwd_s, f.attn_bwd_flops_mult, coef) + overhead_s;
+                  attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
+                                       f.peak_flops_per_s, coef) +
+                  overhead_s;
   const T recompute_s = f.recompute * fwd_s;
   const T compute_s = fwd_s + bwd_s + recompute_s;
 

@@ -170,7 +170,8 @@ CoefVector component_truth() {
   c[kGpuOptFlopsPerS] = 5e12;
   c[kOptStepOverheadS] = 5e-5;
   c[kCpuOptStepOverheadS] = 2e-3;
-  c[kAttnBwdSlowdownMult] = 1.6;
+  c[kAttnBwdEffMaxFrac] = 0.4;
+  c[kAttnBwdHalfSeqTokens] = 1500.0;
   return c;
 }
 
@@ -222,12 +223,12 @@ TEST_CASE("component fit: each component's coefficients come back from its micro
     CHECK(fit.coefs[c] == default_coefs()[c]);
   // Those that set a rate over a size sweep: 5 %. The second-order ones (a tile
   // half-size, a latency under large transfers, the sequence half-point): 30 %.
-  for (Coef c : {kGemmEffMaxFrac, kAttnEffMaxFrac, kAttnBwdSlowdownMult, kIntraBusEffFrac, kRsAgBusEffMult,
+  for (Coef c : {kGemmEffMaxFrac, kAttnEffMaxFrac, kAttnBwdEffMaxFrac, kIntraBusEffFrac, kRsAgBusEffMult,
                  kPcieEffFrac, kCpuDramEffFrac, kCpuCoreBytesPerSPerLane, kGpuOptBwEffFrac, kGpuOptFlopsPerS}) {
     CAPTURE(coef_table()[c].name);
     CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.05));
   }
-  for (Coef c : {kGemmHalfDim, kAttnHalfSeqTokens, kCollLatencyS, kCpuLaneFlopsPerS, kOptStepOverheadS,
+  for (Coef c : {kGemmHalfDim, kAttnHalfSeqTokens, kAttnBwdHalfSeqTokens, kCollLatencyS, kCpuLaneFlopsPerS, kOptStepOverheadS,
                  kCpuOptStepOverheadS}) {
     CAPTURE(coef_table()[c].name);
     CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.30));

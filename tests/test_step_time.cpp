@@ -30,7 +30,8 @@ CoefVector ideal_coefs() {
   c[kAttnEffMaxFrac] = 1.0;
   c[kAttnHalfSeqTokens] = 0.0;
   c[kBackwardSlowdownMult] = 1.0;
-  c[kAttnBwdSlowdownMult] = 1.0;
+  c[kAttnBwdEffMaxFrac] = 1.0;
+  c[kAttnBwdHalfSeqTokens] = 0.0;
   c[kElementwiseTrafficMult] = 0.0;
   c[kLayerOverheadS] = 0.0;
   c[kOptStepOverheadS] = 0.0;
