@@ -277,25 +277,37 @@ TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
 }
 
 TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
-  // data/hardware/h200-sxm.toml was written by
-  //   calibrate fit --runs data/runs/h200-sxm/2026-11-29_backend_v1_b.jsonl
-  //                        data/runs/h200-sxm/2026-11-29_backend_v1_c_gptj.jsonl
-  //                        data/runs/h200-sxm/2026-11-30_backend_v2_a.jsonl
-  //                        data/runs/h200-sxm/2026-11-30_backend_v2_b.jsonl --hardware h200-sxm
-  // (hold-out fraction 0.25, seed 1). Refit and compare.
+  // data/hardware/h200-sxm.toml was written by (in data/runs/h200-sxm)
+  //   calibrate fit --runs 2026-11-30_calibration_v2_micro.jsonl 2026-11-29_backend_v1_b.jsonl
+  //                        2026-11-29_backend_v1_c_gptj.jsonl 2026-11-30_backend_v2_a.jsonl
+  //                        2026-11-30_backend_v2_b.jsonl 2026-11-30_validate_6b.jsonl
+  //                        2026-11-30_calibration_v2.jsonl --hardware h200-sxm
+  // (hold-out fraction 0.25, seed 1): the component fit on the micro-benchmarks,
+  // then the end-to-end fit. Refit both stages and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
   const fs::path d = test::data_dir() / "runs/h200-sxm";
-  const auto runs = load_runs({d / "2026-11-29_backend_v1_b.jsonl", d / "2026-11-29_backend_v1_c_gptj.jsonl",
-                               d / "2026-11-30_backend_v2_a.jsonl", d / "2026-11-30_backend_v2_b.jsonl"},
-                              test::data_dir());
+  const std::vector<fs::path> files = {d / "2026-11-30_calibration_v2_micro.jsonl", d / "2026-11-29_backend_v1_b.jsonl",
+                                       d / "2026-11-29_backend_v1_c_gptj.jsonl",    d / "2026-11-30_backend_v2_a.jsonl",
+                                       d / "2026-11-30_backend_v2_b.jsonl",         d / "2026-11-30_validate_6b.jsonl",
+                                       d / "2026-11-30_calibration_v2.jsonl"};
+  const auto runs = load_runs(files, test::data_dir());
+  const auto micro = load_micro(files);
+  REQUIRE(micro.size() > 100);
+  FitOptions fo;
+  fo.free = default_free_coefs();
+  CoefVector start = default_coefs();
+  const FitResult components = fit_components(micro, committed, start, fo);
+  for (Coef c : component_coefs(micro)) {
+    fo.component_priors.push_back({c, components.coefs[c], fo.sigma_component});
+    if (std::find(fo.free.begin(), fo.free.end(), c) == fo.free.end()) fo.free.push_back(c);
+    start[c] = components.coefs[c];
+  }
   std::vector<Observation> obs;
   for (const auto& r : runs) {
     if (!is_holdout(r.key, 0.25, 1)) obs.push_back(observation_of(r, committed));
   }
-  FitOptions fo;
-  fo.free = default_free_coefs();
-  const FitResult fit = fit_coefficients(obs, default_coefs(), fo);
+  const FitResult fit = fit_coefficients(obs, start, fo);
   for (const auto& info : coef_table()) {
     CAPTURE(info.name);
     CHECK(fit.coefs[info.id] == doctest::Approx(committed.coefs[info.id]).epsilon(1e-5));
