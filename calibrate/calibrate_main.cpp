@@ -176,24 +176,14 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   if (obs.empty()) throw InputError("no runs left to fit after the hold-out split");
   const auto micro = load_micro(files);
   const auto t0 = std::chrono::steady_clock::now();
-  FitOptions fo;
-  fo.free = default_free_coefs();
-  // Start from the defaults, not from a previous fit: the result depends on the data alone.
-  CoefVector start = default_coefs();
-  // Stage 1: each component's coefficients from its micro-benchmarks alone.
-  std::optional<FitResult> components;
-  if (!micro.empty()) {
+  if (!micro.empty())
     std::fprintf(stderr, "calibrate: stage 1, component fit on %zu micro-benchmarks ...\n", micro.size());
-    components = fit_components(micro, hw, start, fo);
-    for (Coef c : component_coefs(micro)) {
-      fo.component_priors.push_back({c, components->coefs[c], fo.sigma_component});
-      if (std::find(fo.free.begin(), fo.free.end(), c) == fo.free.end()) fo.free.push_back(c);
-      start[c] = components->coefs[c];
-    }
-  }
-  std::fprintf(stderr, "calibrate: %s end-to-end fit on %zu runs (%zu held out) from %zu files ...\n",
-               micro.empty() ? "" : "stage 2,", obs.size(), held, files.size());
-  FitResult fit = fit_coefficients(obs, start, fo);
+  std::fprintf(stderr, "calibrate: %send-to-end fit on %zu runs (%zu held out) from %zu files ...\n",
+               micro.empty() ? "" : "stage 2, ", obs.size(), held, files.size());
+  const Calibration cal = calibrate_two_stage(obs, micro, hw);
+  const std::optional<FitResult>& components = cal.components;
+  const FitResult& fit = cal.fit;
+  const FitOptions& fo = cal.options;
   const double fit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Data hash: every runs file's bytes, in the order given.
@@ -260,7 +250,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   report["coefficients"] = coefs;
   if (components) {
     nlohmann::json comp = nlohmann::json::object();
-    for (Coef c : component_coefs(micro))
+    for (Coef c : cal.component_free)
       comp[std::string(coef_table()[c].name)] = {{"value", components->coefs[c]}, {"std_error", components->std_errors[c]},
                                                  {"end_to_end", fit.coefs[c]}};
     report["components"] = {{"micro_benchmarks", micro.size()},
@@ -281,7 +271,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
       std::printf("stage 1 (components, %zu micro-benchmarks, RMS error %.1f %%): %s\n", micro.size(),
                   100 * components->model_error_frac, components->summary.c_str());
       std::printf("%-28s %12s %12s %12s\n", "coefficient", "micro fit", "std error", "end to end");
-      for (Coef c : component_coefs(micro))
+      for (Coef c : cal.component_free)
         std::printf("%-28s %12.4g %12.3g %12.4g\n", std::string(coef_table()[c].name).c_str(), components->coefs[c],
                     components->std_errors[c], fit.coefs[c]);
     }

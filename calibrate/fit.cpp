@@ -243,6 +243,25 @@ FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector
   return result;
 }
 
+Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,
+                                const HardwareProfile& hw, FitOptions options) {
+  Calibration out;
+  if (options.free.empty()) options.free = default_free_coefs();
+  CoefVector start = default_coefs();
+  if (!micro.empty()) {
+    out.components = fit_components(micro, hw, start, options);
+    out.component_free = component_coefs(micro);
+    for (Coef c : out.component_free) {
+      options.component_priors.push_back({c, out.components->coefs[c], options.sigma_component});
+      if (std::find(options.free.begin(), options.free.end(), c) == options.free.end()) options.free.push_back(c);
+      start[c] = out.components->coefs[c];
+    }
+  }
+  out.fit = fit_coefficients(obs, start, options);
+  out.options = options;
+  return out;
+}
+
 double step_time_std_s(const Features& f, const CoefVector& coefs, const std::vector<std::vector<double>>& cov) {
   if (cov.size() != static_cast<size_t>(kNumCoefs)) return 0.0;
   using Jet = ceres::Jet<double, kNumCoefs>;

@@ -6,6 +6,7 @@
 // that directions the data cannot see stay where they were.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,19 @@ std::vector<Coef> component_coefs(const std::vector<MicroRecord>& micro);
 // through options.component_priors.
 FitResult fit_coefficients(const std::vector<Observation>& observations, const CoefVector& start,
                            const FitOptions& options);
+
+// The calibration: stage 1 on the micro-benchmarks (when there are any), then
+// stage 2 on the step runs, with every component-fitted coefficient free and
+// held near its component value (options.sigma_component); both from the
+// default coefficients, so that the result depends on the data alone.
+struct Calibration {
+  std::optional<FitResult> components;  // stage 1
+  std::vector<Coef> component_free;     // what stage 1 measured
+  FitResult fit;                        // stage 2: the profile's coefficients
+  FitOptions options;                   // as stage 2 ran (free set, priors)
+};
+Calibration calibrate_two_stage(const std::vector<Observation>& observations, const std::vector<MicroRecord>& micro,
+                                const HardwareProfile& hw, FitOptions options = {});
 
 // Standard deviation of the predicted step time from the coefficient
 // covariance (first-order propagation with the Jet gradient).

@@ -294,20 +294,10 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   const auto runs = load_runs(files, test::data_dir());
   const auto micro = load_micro(files);
   REQUIRE(micro.size() > 100);
-  FitOptions fo;
-  fo.free = default_free_coefs();
-  CoefVector start = default_coefs();
-  const FitResult components = fit_components(micro, committed, start, fo);
-  for (Coef c : component_coefs(micro)) {
-    fo.component_priors.push_back({c, components.coefs[c], fo.sigma_component});
-    if (std::find(fo.free.begin(), fo.free.end(), c) == fo.free.end()) fo.free.push_back(c);
-    start[c] = components.coefs[c];
-  }
   std::vector<Observation> obs;
-  for (const auto& r : runs) {
+  for (const auto& r : runs)
     if (!is_holdout(r.key, 0.25, 1)) obs.push_back(observation_of(r, committed));
-  }
-  const FitResult fit = fit_coefficients(obs, start, fo);
+  const FitResult fit = calibrate_two_stage(obs, micro, committed).fit;
   for (const auto& info : coef_table()) {
     CAPTURE(info.name);
     CHECK(fit.coefs[info.id] == doctest::Approx(committed.coefs[info.id]).epsilon(1e-5));
