@@ -442,6 +442,13 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                 r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / 1073741824.0,
                 r.pred_mem / 1073741824.0, 100 * r.mem_err());
   std::printf("fit:      %s\nheld out: %s\n", j["fit"].dump().c_str(), j["holdout"].dump().c_str());
+  if (!rows.empty()) {
+    std::printf("\nphases, measured / predicted (s; optimizer: its own time, hidden or not)\n");
+    std::printf("%-62s %17s %17s %17s\n", "run", "forward", "backward", "optimizer");
+    for (const auto& r : rows)
+      std::printf("%-62s %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", r.run->key.c_str(), r.run->forward_s, r.pred_fwd,
+                  r.run->backward_s, r.pred_bwd, r.run->optimizer_total_s, r.pred_opt);
+  }
   if (!micro.empty()) {
     std::printf("\nmicro-benchmarks against their component formulas (%zu):\n", micro.size());
     std::printf("%-16s %8s %12s %12s\n", "bench", "records", "mean |err| %", "max |err| %");
