@@ -251,7 +251,8 @@ void ZeroEngine::enqueue_cpu_update(size_t i) {
   std::function<void()> wait = rt_.host_waiter(rt_.record_comm_event());
   {
     std::lock_guard<std::mutex> lock(worker_.mu);
-    worker_.queue.emplace_back(i, std::move(wait));
+    // Serial offload (DeepSpeed's order) holds the jobs until the whole backward has ended.
+    (cfg_.offload_pipeline ? worker_.queue : worker_.deferred).emplace_back(i, std::move(wait));
   }
   worker_.cv.notify_all();
 }
@@ -398,7 +399,19 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   int m_opt_end = m_opt;
   if (offload()) {
     // The worker has been updating units since their gradients reached the host: each one
-    // it finishes goes back up (and is all-gathered) on the communication stream.
+    // it finishes goes back up (and is all-gathered) on the communication stream. Serial
+    // offload: the backward has ended; every unit is updated, then every unit goes up.
+    if (!cfg_.offload_pipeline) {
+      {
+        std::lock_guard<std::mutex> lock(worker_.mu);
+        while (!worker_.deferred.empty()) {
+          worker_.queue.push_back(std::move(worker_.deferred.front()));
+          worker_.deferred.pop_front();
+        }
+      }
+      worker_.cv.notify_all();
+      wait_cpu_update(n_units - 1);
+    }
     for (size_t count = 0; count < n_units; ++count) {
       Unit& u = units_[wait_cpu_update(count)];
       torch::Tensor own;

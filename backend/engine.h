@@ -165,6 +165,7 @@ class ZeroEngine {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::pair<size_t, std::function<void()>>> queue;  // unit, wait for its gradient
+    std::deque<std::pair<size_t, std::function<void()>>> deferred;  // serial offload: held until the backward ends
     std::vector<size_t> done;
     double cpu_s = 0;
     bool stop = false;

@@ -32,7 +32,7 @@ struct Flags {
   std::string model, plan, data, save, resume, json_out, dump_params, hardware = "h200-sxm", device = "auto", data_dir;
   int stage = 0, nproc = 1;
   std::string offload_optimizer = "none", offload_params = "none", optimizer = "adamw", precision = "bf16",
-              checkpointing = "off";
+              checkpointing = "off", offload_pipeline = "on";
   int64_t micro_batch = 1, gas = 1, seq = 2048, steps = 10, warmup = 2;
   int cpu_threads = 0;
   double lr = 3e-4, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95;
@@ -67,6 +67,7 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
       c.gas = pc.at("gas").get<int64_t>();
       c.seq_len = pc.at("seq_len").get<int64_t>();
       c.activation_checkpointing = pc.at("activation_checkpointing").get<bool>();
+      c.offload_pipeline = pc.value("offload_pipeline", true);
     } catch (const nlohmann::json::exception& e) {
       throw InputError(f.plan + ": not a planner plan (" + std::string(e.what()) + ")");
     }
@@ -80,6 +81,11 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
   if (given("--micro-batch")) c.micro_batch = f.micro_batch;
   if (given("--gas")) c.gas = f.gas;
   if (given("--seq")) c.seq_len = f.seq;
+  if (given("--offload-pipeline")) {
+    if (f.offload_pipeline != "on" && f.offload_pipeline != "off")
+      throw InputError("--offload-pipeline \"" + f.offload_pipeline + "\" is not valid (valid: on, off)");
+    c.offload_pipeline = f.offload_pipeline == "on";
+  }
   if (given("--checkpointing")) {
     if (f.checkpointing != "on" && f.checkpointing != "off")
       throw InputError("--checkpointing \"" + f.checkpointing + "\" is not valid (valid: on, off)");
@@ -226,7 +232,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
                      {"offload_params", offload_name(cfg.offload_params)}, {"optimizer", optimizer_name(cfg.optimizer)},
                      {"precision", precision_name(cfg.precision)}, {"micro_batch", cfg.micro_batch}, {"gas", cfg.gas},
                      {"seq_len", cfg.seq_len}, {"gpus", cfg.gpus_per_node}, {"nodes", cfg.nodes},
-                     {"activation_checkpointing", cfg.activation_checkpointing}};
+                     {"activation_checkpointing", cfg.activation_checkpointing},
+                     {"offload_pipeline", cfg.offload_pipeline}};
       j["step"] = r.step;
       j["warmup"] = s < f.warmup;
       j["loss"] = r.loss;
@@ -278,6 +285,9 @@ int main_impl(int argc, char** argv) {
   app.add_option("--gas", f.gas, "gradient accumulation steps")->capture_default_str();
   app.add_option("--seq", f.seq, "sequence length")->capture_default_str();
   app.add_option("--checkpointing", f.checkpointing, "on | off")->capture_default_str();
+  app.add_option("--offload-pipeline", f.offload_pipeline,
+                 "on: the CPU optimizer updates each unit during the backward; off: after it (DeepSpeed's order)")
+      ->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps to run")->capture_default_str();
   app.add_option("--warmup", f.warmup, "first steps flagged as warm-up in the JSONL")->capture_default_str();
   app.add_option("--cpu-threads", f.cpu_threads,

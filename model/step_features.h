@@ -53,6 +53,7 @@ struct StepFeatures {
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;
+  double opt_pipelined = 1;         // offload: 1 pipelined over units during the backward, 0 serial after it
   double opt_pipeline_units = 1;    // offload: units the CPU optimizer pipelines over (layers + 2)
   double opt_params_rank = 0;       // parameters this rank updates
   double opt_bytes_per_param = 0;   // memory traffic of one update

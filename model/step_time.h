@@ -11,9 +11,10 @@
 //   OPT time      = last micro-batch (with the boundary reduction and, with CPU offload,
 //                   the gradient copies to the host, hidden behind its backward up to a share)
 //                   + optimizer step + parameter upload + post-step all-gather   ("OPT Time")
-//                   With CPU offload the optimizer, uploads and all-gathers are a pipeline
-//                   over the units that starts during the last backward: only what
+//                   With pipelined CPU offload the optimizer, uploads and all-gathers are a
+//                   pipeline over the units that starts during the last backward: only what
 //                   that backward does not hide, plus the last unit's upload, is exposed.
+//                   Serial CPU offload (DeepSpeed's) runs them one after the other.
 //   step          = GAS time + OPT time
 #pragma once
 
@@ -229,7 +230,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // last backward, then the last unit's upload and all-gather.
   T tail_s = optimizer_s + upload_s + post_gather_s;
   T optimizer_exposed = optimizer_s;
-  if (f.opt_on_cpu > 0.0) {
+  const bool pipelined = f.opt_on_cpu > 0.0 && f.opt_pipelined > 0.0;
+  if (pipelined) {
     const T back_s = (upload_s + post_gather_s) / f.opt_pipeline_units;
     const T hidden = coef[kCpuOptOverlapFrac] * bwd_s;
     tail_s = max0(detail::max2(optimizer_s, upload_s + post_gather_s) - hidden) + back_s;
@@ -241,7 +243,6 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.forward = g * fwd_s;
   out.backward = g * bwd_s;
   out.recompute = g * recompute_s;
-  const bool pipelined = f.opt_on_cpu > 0.0;
   out.grad_comm = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + (pipelined ? T(0.0) : post_gather_s);
   out.grad_comm_total = g * rs_micro_s + rs_boundary_s + post_gather_s;
   out.param_gather = g * gather_exposed;

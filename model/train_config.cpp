@@ -53,7 +53,8 @@ void validate_config(const TrainConfig& c) {
 
 std::string family_name(const TrainConfig& c) {
   std::string out = "stage " + std::to_string(c.zero_stage);
-  if (c.offload_optimizer == OffloadDevice::kCpu) out += " + CPU optimizer offload";
+  if (c.offload_optimizer == OffloadDevice::kCpu)
+    out += c.offload_pipeline ? " + CPU optimizer offload" : " + serial CPU optimizer offload";
   if (c.offload_params == OffloadDevice::kCpu) out += " + CPU parameter offload";
   out += c.optimizer == OptimizerKind::kAdamW8bit ? " + 8-bit AdamW" : " + AdamW";
   return out;

@@ -27,6 +27,10 @@ struct TrainConfig {
   int nodes = 1;
   bool activation_checkpointing = false;
   AttentionKind attention = AttentionKind::kFlash;
+  // CPU optimizer offload: pipelined (the CPU updates each unit as soon as its
+  // gradient shard lands, during the backward; Stepcast's backend) or serial
+  // (after the whole backward, then the uploads: how DeepSpeed's CPU Adam runs).
+  bool offload_pipeline = true;
 
   int world_size() const { return gpus_per_node * nodes; }
   int64_t global_batch() const { return micro_batch * gas * world_size(); }

@@ -248,6 +248,7 @@ struct ExplainOptions {
   int64_t micro_batch = 1;
   int64_t gas = 1;
   std::string checkpointing = "off";
+  std::string offload_pipeline = "on";
 };
 
 int run_explain(const CommonOptions& o, const ExplainOptions& e) {
@@ -265,6 +266,9 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   } else {
     throw InputError("--checkpointing \"" + e.checkpointing + "\" is not valid (valid: on, off)");
   }
+  if (e.offload_pipeline != "on" && e.offload_pipeline != "off")
+    throw InputError("--offload-pipeline \"" + e.offload_pipeline + "\" is not valid (valid: on, off)");
+  c.offload_pipeline = e.offload_pipeline == "on";
   validate_config(c);
   ModelSpec model = resolve_model(o.model, data_dir(o));
   HardwareProfile hw = resolve_hardware(o.hardware, data_dir(o));
@@ -479,6 +483,9 @@ int main_impl(int argc, char** argv) {
   add_common(exp, exp_opts);
   exp->add_option("--stage", e.stage, "ZeRO stage 0..3")->capture_default_str();
   exp->add_option("--offload-optimizer", e.offload_optimizer, "none | cpu (stages 1-3)")->capture_default_str();
+  exp->add_option("--offload-pipeline", e.offload_pipeline,
+                  "on: CPU optimizer pipelined with the backward (Stepcast's backend); off: serial, after it (DeepSpeed)")
+      ->capture_default_str();
   exp->add_option("--offload-params", e.offload_params, "none | cpu (stage 3)")->capture_default_str();
   exp->add_option("--optimizer", e.optimizer, "adamw | adamw8bit")->capture_default_str();
   exp->add_option("--micro-batch", e.micro_batch, "sequences per rank per micro-batch")->capture_default_str();

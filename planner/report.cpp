@@ -94,6 +94,7 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                  {"world_size", c.world_size()},
                  {"global_batch", c.global_batch()},
                  {"activation_checkpointing", c.activation_checkpointing},
+                 {"offload_pipeline", c.offload_pipeline},
                  {"attention", attention_name(c.attention)}};
   j["family"] = family_name(c);
   j["fits"] = p.fits;

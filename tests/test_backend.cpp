@@ -273,6 +273,28 @@ TEST_CASE("the other families: GPT-NeoX and GPT-J, stage 3 + offload equals stag
   }
 }
 
+TEST_CASE("serial CPU offload (DeepSpeed's order) updates exactly as the pipelined one") {
+  // The same CPU kernels on the same gradient shards, only later: identical parameters.
+  const std::string common = std::string(kBase) + ranks() + " --gas 2 --stage 2 --offload-optimizer cpu";
+  const fs::path a = tmpdir() / "piped.pt", b = tmpdir() / "serial.pt";
+  REQUIRE(train(common + " --dump-params " + a.string()) == 0);
+  const fs::path log = tmpdir() / "serial.jsonl";
+  fs::remove(log);
+  REQUIRE(train(common + " --offload-pipeline off --dump-params " + b.string() + " --json-out " + log.string()) == 0);
+  CHECK(torch::equal(load_params(a), load_params(b)));
+  // The run says which order it ran, and the records keep serial runs apart.
+  std::ifstream in(log);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  CHECK(nlohmann::json::parse(line)["config"]["offload_pipeline"] == false);
+  const auto runs = calibrate::load_runs({log}, test::data_dir());
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].key.find(" serial") != std::string::npos);
+  std::string err;
+  CHECK(train(common + " --offload-pipeline sometimes", &err) == 2);
+  CHECK(err.find("--offload-pipeline \"sometimes\" is not valid") != std::string::npos);
+}
+
 TEST_CASE("training moves the parameters far more than the tolerance above") {
   const fs::path a = tmpdir() / "init.pt", b = tmpdir() / "trained.pt";
   REQUIRE(train(std::string(kBase) + " --steps 1 --lr 0 --dump-params " + a.string()) == 0);
