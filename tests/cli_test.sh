@@ -78,6 +78,26 @@ assert abs(p["time_s"]["step"] - p["time_s"]["opt"] - (p["time_s"]["gas"] or 0))
 PY
 "$PLANNER" explain --model 6b --gpus 2 --stage 3 --offload-optimizer cpu --micro-batch 4 --gas 8 --checkpointing on --json >"$TMP/exp.json" && ok || bad "explain --json"
 python3 -c "import json; d=json.load(open('$TMP/exp.json')); assert len(d['plans'])==1 and d['plans'][0]['config']['offload_optimizer']=='cpu'" && ok || bad "explain JSON"
+expect_error "bad offload pipeline" '--offload-pipeline "sometimes" is not valid' explain --model 6b --gpus 2 --stage 2 --offload-optimizer cpu --offload-pipeline sometimes
+# An offload plan written for DeepSpeed says what DeepSpeed's serial CPU Adam will run at,
+# the same number `explain --offload-pipeline off` predicts, and below the plan's.
+"$PLANNER" explain --model 6b --gpus 2 --stage 2 --offload-optimizer cpu --micro-batch 4 --gas 4 \
+  --deepspeed-config "$TMP/ds_off.json" --json >"$TMP/ds_off.out" && ok || bad "explain offload --deepspeed-config"
+"$PLANNER" explain --model 6b --gpus 2 --stage 2 --offload-optimizer cpu --micro-batch 4 --gas 4 \
+  --offload-pipeline off --json >"$TMP/serial.json" && ok || bad "explain --offload-pipeline off"
+python3 - "$TMP/ds_off.out" "$TMP/serial.json" <<'PY' && ok || bad "DeepSpeed note"
+import json, re, sys
+plan = json.load(open(sys.argv[1]))
+serial = json.load(open(sys.argv[2]))["plans"][0]
+assert serial["config"]["offload_pipeline"] is False
+note = [n for n in plan["notes"] if n.startswith("under DeepSpeed")]
+assert len(note) == 1, plan["notes"]
+tps = float(re.search(r"predicted (\d+) tokens/s", note[0]).group(1))
+assert abs(tps - serial["throughput"]["tokens_per_s"]) <= 1, (tps, serial["throughput"])
+assert tps < plan["plans"][0]["throughput"]["tokens_per_s"]
+PY
+"$PLANNER" explain --model 6b --gpus 2 --stage 2 --micro-batch 4 --gas 4 --deepspeed-config "$TMP/ds_no.json" >"$TMP/ds_no.out" && ok || bad "explain no offload"
+if grep -q "under DeepSpeed" "$TMP/ds_no.out"; then bad "DeepSpeed note without offload"; else ok; fi
 "$PLANNER" models --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 12" && ok || bad "models --json"
 "$PLANNER" hardware --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 7" && ok || bad "hardware --json"
 "$PLANNER" --help >/dev/null && ok || bad "--help"
