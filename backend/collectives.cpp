@@ -11,6 +11,27 @@
 
 namespace stepcast::backend {
 
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+Rendezvous rendezvous_from_env(int timeout_s) {
+  Rendezvous rv;
+  rv.rank = env_int("RANK", 0);
+  rv.world = env_int("WORLD_SIZE", 1);
+  rv.local_rank = env_int("LOCAL_RANK", 0);
+  rv.local_world = env_int("LOCAL_WORLD_SIZE", rv.world);
+  if (const char* a = std::getenv("MASTER_ADDR")) rv.master_addr = a;
+  rv.master_port = env_int("MASTER_PORT", 29500);
+  rv.timeout_s = timeout_s;
+  return rv;
+}
+
 c10::intrusive_ptr<c10d::Store> make_store(const Rendezvous& rv) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(rv.master_port);

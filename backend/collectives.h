@@ -40,7 +40,12 @@ struct Rendezvous {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   int timeout_s = 300;
+  int local_world = 1;  // ranks on this host
 };
+
+// torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT), as `launch_local_ranks` sets it; a world of one where it is absent.
+Rendezvous rendezvous_from_env(int timeout_s);
 
 // The store all ranks meet through (rank 0 serves it).
 c10::intrusive_ptr<c10d::Store> make_store(const Rendezvous& rv);

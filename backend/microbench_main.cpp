@@ -53,11 +53,6 @@ struct Flags {
   bool quick = false;
 };
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : fallback;
-}
-
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -307,13 +302,7 @@ void run_optimizer(Bench& b, Runtime& rt, const Flags& f) {
 }
 
 int run_rank(const Flags& f) {
-  Rendezvous rv;
-  rv.rank = env_int("RANK", 0);
-  rv.world = env_int("WORLD_SIZE", 1);
-  rv.local_rank = env_int("LOCAL_RANK", 0);
-  if (const char* a = std::getenv("MASTER_ADDR")) rv.master_addr = a;
-  rv.master_port = env_int("MASTER_PORT", 29500);
-  rv.timeout_s = 300;
+  const Rendezvous rv = rendezvous_from_env(300);
   const bool lead = rv.rank == 0;
   const auto dir = resolve_data_dir(f.data_dir);
 

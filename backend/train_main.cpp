@@ -44,11 +44,6 @@ struct Flags {
 
 std::filesystem::path data_dir(const Flags& f) { return resolve_data_dir(f.data_dir); }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : fallback;
-}
-
 TrainConfig config_from(const Flags& f, const CLI::App& app) {
   TrainConfig c;
   if (!f.plan.empty()) {
@@ -95,14 +90,8 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
 }
 
 int run_rank(const Flags& f, const CLI::App& app) {
-  Rendezvous rv;
-  rv.rank = env_int("RANK", 0);
-  rv.world = env_int("WORLD_SIZE", 1);
-  rv.local_rank = env_int("LOCAL_RANK", 0);
-  const int local_world = env_int("LOCAL_WORLD_SIZE", rv.world);
-  if (const char* a = std::getenv("MASTER_ADDR")) rv.master_addr = a;
-  rv.master_port = env_int("MASTER_PORT", 29500);
-  rv.timeout_s = 120;
+  const Rendezvous rv = rendezvous_from_env(120);
+  const int local_world = rv.local_world;
   const bool lead = rv.rank == 0;
 
   const ModelSpec spec = resolve_model(f.model, data_dir(f));
