@@ -178,11 +178,14 @@ SearchRequest make_request(const CommonOptions& o, int64_t global_batch, const s
 }
 
 int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
-                  int top_k, bool no_offload) {
+                  int top_k, bool no_offload, const std::string& engine) {
   if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
+  if (engine != "stepcast" && engine != "deepspeed")
+    throw InputError("--engine \"" + engine + "\" is not valid (valid: stepcast, deepspeed)");
   SearchRequest req = make_request(o, global_batch, optimizers);
   const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
+  req.deepspeed_engine = engine == "deepspeed";
   SearchResult res = search_plans(req);
   ReportContext ctx{&req.model, &req.hardware, o.train_tokens};
 
@@ -194,7 +197,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     nlohmann::json j;
     j["model"] = model_to_json(req.model);
     j["hardware"] = hardware_to_json(req.hardware, base);
-    j["request"] = {{"global_batch", global_batch}, {"seq_len", base.seq_len},
+    j["request"] = {{"global_batch", global_batch}, {"seq_len", base.seq_len}, {"engine", engine},
                     {"precision", precision_name(base.precision)}, {"top", top_k}};
     j["evaluated"] = res.evaluated;
     j["fitting"] = res.ranked.size();
@@ -494,6 +497,11 @@ int main_impl(int argc, char** argv) {
       ->capture_default_str();
   rec->add_option("--top", top_k, "plans to show")->capture_default_str();
   rec->add_flag("--no-offload", no_offload, "exclude CPU offload from the search");
+  std::string engine = "stepcast";
+  rec->add_option("--engine", engine,
+                  "stepcast: rank for the Stepcast backend (pipelined offload, 8-bit offloaded states); "
+                  "deepspeed: for DeepSpeed (serial fp32 CPU Adam)")
+      ->capture_default_str();
 
   CommonOptions exp_opts;
   ExplainOptions e;
@@ -543,7 +551,7 @@ int main_impl(int argc, char** argv) {
     std::cerr << "planner: error: " << err.what() << " (see planner --help)\n";
     return 2;
   }
-  if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload);
+  if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload, engine);
   if (exp->parsed()) return run_explain(exp_opts, e);
   if (val->parsed()) return run_validate(val_opts, val_global_batch, val_optimizers, vo);
   if (models->parsed()) return run_models(list_dir, list_json);

@@ -120,6 +120,7 @@ SearchResult search_plans(const SearchRequest& req) {
           continue;
         }
         for (OptimizerKind opt : req.optimizers) {
+          if (req.deepspeed_engine && off_opt == OffloadDevice::kCpu && opt == OptimizerKind::kAdamW8bit) continue;
           for (bool ckpt : req.checkpointing) {
             for (int64_t micro : req.micro_batches) {
               std::vector<int64_t> gas_list;
@@ -137,6 +138,7 @@ SearchResult search_plans(const SearchRequest& req) {
                 c.offload_params = off_par;
                 c.optimizer = opt;
                 c.activation_checkpointing = ckpt;
+                c.offload_pipeline = !req.deepspeed_engine;
                 c.micro_batch = micro;
                 c.gas = gas;
                 Features f = make_features(req.model, req.hardware, c, req.limits);
@@ -148,6 +150,9 @@ SearchResult search_plans(const SearchRequest& req) {
       }
     }
   }
+  if (req.deepspeed_engine && req.allow_offload)
+    result.notes.push_back("ranked for DeepSpeed: its CPU Adam runs after the backward (serial offload) with fp32 "
+                           "states; 8-bit offloaded states and the pipelined offload are Stepcast backend features");
   if (skipped_single_rank)
     result.notes.push_back("on one GPU, stages 1-3 without offload partition nothing and equal stage 0: not listed");
   if (all.empty())
@@ -279,9 +284,16 @@ std::vector<Lever> offload_levers(const SearchRequest& req, const Prediction& pl
     out.push_back(std::move(l));
   };
   TrainConfig t = c;
+  if (!c.offload_pipeline) {
+    t.offload_pipeline = true;
+    add("pipelined CPU optimizer (Stepcast backend)", t, req.limits);
+    t = c;
+  }
   if (c.optimizer == OptimizerKind::kAdamW) {
     t.optimizer = OptimizerKind::kAdamW8bit;
-    add("8-bit CPU AdamW states", t, req.limits);
+    t.offload_pipeline = true;  // 8-bit offloaded states exist in the Stepcast backend only
+    add(c.offload_pipeline ? "8-bit CPU AdamW states" : "8-bit CPU AdamW states, pipelined (Stepcast backend)", t,
+        req.limits);
   }
   if (c.micro_batch % 2 == 0) {
     t = c;

@@ -98,6 +98,25 @@ assert tps < plan["plans"][0]["throughput"]["tokens_per_s"]
 PY
 "$PLANNER" explain --model 6b --gpus 2 --stage 2 --micro-batch 4 --gas 4 --deepspeed-config "$TMP/ds_no.json" >"$TMP/ds_no.out" && ok || bad "explain no offload"
 if grep -q "under DeepSpeed" "$TMP/ds_no.out"; then bad "DeepSpeed note without offload"; else ok; fi
+expect_error "bad engine" '--engine "megatron" is not valid' recommend --model 6b --gpus 2 --engine megatron
+# Ranked for DeepSpeed: offload plans are serial with fp32 CPU states; for Stepcast, pipelined.
+"$PLANNER" recommend --model llama-2-7b --gpus 2 --engine deepspeed --top 200 --json >"$TMP/ds_rank.json" && ok || bad "recommend --engine deepspeed"
+"$PLANNER" recommend --model llama-2-7b --gpus 2 --top 200 --json >"$TMP/sc_rank.json" && ok || bad "recommend --engine stepcast"
+python3 - "$TMP/ds_rank.json" "$TMP/sc_rank.json" <<'PY' && ok || bad "engine ranking"
+import json, sys
+ds, sc = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert ds["request"]["engine"] == "deepspeed" and sc["request"]["engine"] == "stepcast"
+off = lambda j: [p for p in j["plans"] if p["config"]["offload_optimizer"] == "cpu"]
+assert off(ds) and off(sc)
+assert all(not p["config"]["offload_pipeline"] and p["config"]["optimizer"] == "adamw" for p in off(ds))
+assert all(p["config"]["offload_pipeline"] for p in off(sc))
+assert any(p["config"]["optimizer"] == "adamw8bit" for p in off(sc))
+# The same offload configuration is slower under DeepSpeed's serial order.
+key = lambda p: json.dumps({k: v for k, v in p["config"].items() if k != "offload_pipeline"}, sort_keys=True)
+scd = {key(p): p["throughput"]["tokens_per_s"] for p in off(sc)}
+common = [p for p in off(ds) if key(p) in scd]
+assert common and all(p["throughput"]["tokens_per_s"] < scd[key(p)] for p in common)
+PY
 "$PLANNER" models --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 12" && ok || bad "models --json"
 "$PLANNER" hardware --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 7" && ok || bad "hardware --json"
 "$PLANNER" --help >/dev/null && ok || bad "--help"
