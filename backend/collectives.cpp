@@ -135,4 +135,15 @@ std::unique_ptr<Collectives> make_nccl(const c10::intrusive_ptr<c10d::Store>&, c
 }
 #endif
 
+Connection connect(const Rendezvous& rv, Runtime& runtime) {
+  Connection c;
+  if (rv.world == 1) {
+    c.comm = make_single();
+    return c;
+  }
+  c.store = make_store(rv);
+  c.comm = runtime.is_cuda() ? make_nccl(c.store, rv, runtime) : make_gloo(c.store, rv);
+  return c;
+}
+
 }  // namespace stepcast::backend

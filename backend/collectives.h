@@ -56,4 +56,12 @@ std::unique_ptr<Collectives> make_nccl(const c10::intrusive_ptr<c10d::Store>& st
 // A world of one: every collective is the identity.
 std::unique_ptr<Collectives> make_single();
 
+// The collectives of a world: one rank alone, or the ranks of `rv` meeting
+// through a store, over NCCL on a CUDA runtime and Gloo on the CPU.
+struct Connection {
+  c10::intrusive_ptr<c10d::Store> store;  // null for a world of one
+  std::unique_ptr<Collectives> comm;
+};
+Connection connect(const Rendezvous& rv, Runtime& runtime);
+
 }  // namespace stepcast::backend

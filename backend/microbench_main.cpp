@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -35,7 +36,6 @@
 #include "backend/quant8.h"
 #include "backend/runtime.h"
 #include "model/errors.h"
-#include "model/hardware.h"
 #include "model/model_spec.h"
 #include "model/step_features.h"
 
@@ -89,6 +89,7 @@ class Bench {
     if (!out_) return;
     j["kind"] = "micro";
     j["repeats"] = repeats_;
+    records_.push_back(j);
     *out_ << j.dump() << "\n";
     out_->flush();
     std::fprintf(stderr, "microbench: [%3d] %-44s %10.3f ms\n", count_, label.c_str(), 1e3 * j["seconds"].get<double>());
@@ -98,24 +99,70 @@ class Bench {
   int repeats_;
   std::ofstream* out_;
   int count_ = 0;
+  std::vector<nlohmann::json> records_;  // rank 0's records, for the ratios at the end
 };
+
+// Ratios between measurements of this run: each component against its own
+// reference, so that runs on different machines compare.
+void print_ratios(const std::vector<nlohmann::json>& recs) {
+  auto find = [&](const std::function<bool(const nlohmann::json&)>& pred) -> const nlohmann::json* {
+    const nlohmann::json* best = nullptr;
+    for (const auto& r : recs)
+      if (pred(r) && (!best || r.value("bytes", 0.0) + r.value("params", 0.0) >
+                                   best->value("bytes", 0.0) + best->value("params", 0.0)))
+        best = &r;  // the largest size of its kind
+    return best;
+  };
+  auto is = [](const char* bench) { return [bench](const nlohmann::json& r) { return r["bench"] == bench; }; };
+  std::fprintf(stderr, "microbench: ratios within this run\n");
+  // GEMMs: the spread of achieved rates.
+  std::vector<double> rates;
+  for (const auto& r : recs)
+    if (r["bench"] == "gemm")
+      rates.push_back(2.0 * r["m"].get<double>() * r["n"].get<double>() * r["k"].get<double>() / r["seconds"].get<double>());
+  if (!rates.empty()) {
+    std::sort(rates.begin(), rates.end());
+    std::fprintf(stderr, "  gemm: slowest shape at %.2fx, median at %.2fx the fastest's %.3g TFLOP/s\n",
+                 rates.front() / rates.back(), rates[rates.size() / 2] / rates.back(), rates.back() / 1e12);
+  }
+  // Collectives: bus bandwidth of reduce-scatter and all-gather against all-reduce, largest size.
+  if (const auto* ar = find(is("all_reduce")))
+    for (const char* other : {"reduce_scatter", "all_gather"})
+      if (const auto* o = find(is(other)))
+        std::fprintf(stderr, "  %s bus bandwidth vs all-reduce (%.0f MiB): %.2fx\n", other,
+                     (*o)["bytes"].get<double>() / 1048576.0,
+                     ar->at("seconds").get<double>() / (2.0 * (*o)["seconds"].get<double>()));
+  if (const auto* up = find(is("h2d")))
+    if (const auto* down = find(is("d2h")))
+      std::fprintf(stderr, "  d2h vs h2d (%.0f MiB): %.2fx\n", (*up)["bytes"].get<double>() / 1048576.0,
+                   (*up)["seconds"].get<double>() / (*down)["seconds"].get<double>());
+  // Optimizers: 8-bit against fp32 AdamW on the same size (and threads).
+  for (const auto& r : recs) {
+    if (r["bench"] != "cpu_optimizer" && r["bench"] != "gpu_optimizer") continue;
+    if (r["optimizer"] != "adamw8bit") continue;
+    const auto* fp32 = find([&](const nlohmann::json& q) {
+      return q["bench"] == r["bench"] && q["optimizer"] == "adamw" && q["params"] == r["params"] &&
+             q.value("threads", 0) == r.value("threads", 0);
+    });
+    if (fp32)
+      std::fprintf(stderr, "  %s 8-bit vs fp32 AdamW (%.0f Mi params%s): %.2fx\n", r["bench"].get<std::string>().c_str(),
+                   r["params"].get<double>() / 1048576.0,
+                   r.contains("threads") ? (", " + std::to_string(r["threads"].get<int>()) + " threads").c_str() : "",
+                   (*fp32)["seconds"].get<double>() / r["seconds"].get<double>());
+  }
+}
 
 // GEMM shapes of the cost model's five classes for each model at a few token
 // counts, deduplicated.
 std::set<std::array<int64_t, 3>> gemm_shapes(const Flags& f, const std::filesystem::path& dir) {
-  const HardwareProfile hw = resolve_hardware("h200-sxm", dir);  // rates only; shapes depend on the model alone
   std::set<std::array<int64_t, 3>> shapes;
   const std::vector<std::string> models = f.quick ? std::vector<std::string>{"test-llama-tiny"} : split(f.models);
   const std::vector<int64_t> tokens = f.quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{2048, 8192, 16384};
   for (const auto& name : models) {
     const ModelSpec spec = resolve_model(name, dir);
-    for (int64_t t : tokens) {
-      TrainConfig c;
-      c.seq_len = std::min<int64_t>(t, 2048);
-      c.micro_batch = t / c.seq_len;
-      for (const GemmShape& g : make_features(spec, hw, c).step.gemms)
+    for (int64_t t : tokens)
+      for (const GemmShape& g : gemm_classes(spec, static_cast<double>(t)))
         shapes.insert({static_cast<int64_t>(g.m), static_cast<int64_t>(g.n), static_cast<int64_t>(g.k)});
-    }
   }
   return shapes;
 }
@@ -306,11 +353,7 @@ int run_rank(const Flags& f) {
   const bool lead = rv.rank == 0;
   const auto dir = resolve_data_dir(f.data_dir);
 
-  bool use_cuda = false;
-  if (f.device == "cuda") use_cuda = true;
-  else if (f.device == "auto") use_cuda = torch::cuda::is_available();
-  else if (f.device != "cpu") throw InputError("--device \"" + f.device + "\" is not valid (valid: auto, cpu, cuda)");
-  std::unique_ptr<Runtime> rt = use_cuda ? Runtime::cuda(rv.local_rank) : Runtime::cpu();
+  std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
 
   const std::vector<std::string> suites = split(f.suites);
   for (const auto& s : suites)
@@ -325,14 +368,9 @@ int run_rank(const Flags& f) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   Bench b(*rt, f.repeats, lead ? &out : nullptr);
-  std::unique_ptr<Collectives> comm;
-  c10::intrusive_ptr<c10d::Store> store;
-  if (rv.world > 1) {
-    store = make_store(rv);
-    comm = use_cuda ? make_nccl(store, rv, *rt) : make_gloo(store, rv);
-  } else {
-    comm = make_single();
-  }
+  Connection conn = connect(rv, *rt);
+  Collectives* comm = conn.comm.get();
+  const c10::intrusive_ptr<c10d::Store>& store = conn.store;
   if (lead) {
     nlohmann::json env = {{"kind", "micro_env"},
                           {"device", rt->device_name()},
@@ -362,6 +400,7 @@ int run_rank(const Flags& f) {
     out << nlohmann::json{{"kind", "micro_done"}, {"suites", f.suites}, {"records", b.count_}, {"wall_s", wall}}.dump()
         << "\n";
     std::fprintf(stderr, "microbench: %d measurements in %.1f s, appended to %s\n", b.count_, wall, f.out.c_str());
+    print_ratios(b.records_);
     if (store) store->set("microbench_done", std::vector<uint8_t>{1});
   }
   return 0;

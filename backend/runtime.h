@@ -52,6 +52,9 @@ class Runtime {
 
   static std::unique_ptr<Runtime> cpu();
   static std::unique_ptr<Runtime> cuda(int device_index);  // throws where CUDA is not built
+  // The --device flag of the CLIs: auto (CUDA where there is a GPU), cpu or cuda;
+  // anything else is an InputError naming the flag and its value.
+  static std::unique_ptr<Runtime> from_flag(const std::string& device, int device_index);
 };
 
 // Host memory of this process (bytes): current and peak resident set.

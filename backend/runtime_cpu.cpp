@@ -62,6 +62,12 @@ double status_field_kib(const char* field) {
 
 std::unique_ptr<Runtime> Runtime::cpu() { return std::make_unique<CpuRuntime>(); }
 
+std::unique_ptr<Runtime> Runtime::from_flag(const std::string& device, int device_index) {
+  if (device == "cuda" || (device == "auto" && torch::cuda::is_available())) return cuda(device_index);
+  if (device == "cpu" || device == "auto") return cpu();
+  throw InputError("--device \"" + device + "\" is not valid (valid: auto, cpu, cuda)");
+}
+
 #ifndef STEPCAST_BACKEND_CUDA
 std::unique_ptr<Runtime> Runtime::cuda(int) {
   throw InputError("this build of train has no CUDA support (configure on a machine with CUDA and a CUDA LibTorch)");

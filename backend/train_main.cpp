@@ -101,11 +101,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
   validate_config(cfg);
   if (f.steps < 1) throw InputError("--steps " + std::to_string(f.steps) + " must be at least 1");
 
-  bool use_cuda = false;
-  if (f.device == "cuda") use_cuda = true;
-  else if (f.device == "auto") use_cuda = torch::cuda::is_available();
-  else if (f.device != "cpu") throw InputError("--device \"" + f.device + "\" is not valid (valid: auto, cpu, cuda)");
-  std::unique_ptr<Runtime> rt = use_cuda ? Runtime::cuda(rv.local_rank) : Runtime::cpu();
+  std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
   // Ranks on one host share its cores. With offload, the CPU optimizer runs
   // during the backward: it leaves one core of the rank's share to the thread
   // that feeds the GPU.
@@ -114,13 +110,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
   at::set_num_threads(share);
   set_cpu_threads(f.cpu_threads > 0 ? f.cpu_threads : std::max(1, share > 2 ? share - 1 : share));
 
-  std::unique_ptr<Collectives> comm;
-  if (rv.world == 1) {
-    comm = make_single();
-  } else {
-    auto store = make_store(rv);
-    comm = use_cuda ? make_nccl(store, rv, *rt) : make_gloo(store, rv);
-  }
+  Connection conn = connect(rv, *rt);
+  std::unique_ptr<Collectives>& comm = conn.comm;
 
   EngineOptions eo;
   eo.config = cfg;
@@ -133,7 +124,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
   // The planner's prediction for this configuration on the named hardware.
   std::optional<Prediction> pred;
   std::optional<HardwareProfile> hw;
-  if (use_cuda) {
+  if (rt->is_cuda()) {
     hw = resolve_hardware(f.hardware, data_dir(f));
     pred = evaluate(spec, *hw, cfg);
   }

@@ -1,9 +1,9 @@
 #include "calibrate/micro_record.h"
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "calibrate/run_record.h"
 #include "model/errors.h"
 
 namespace stepcast::calibrate {
@@ -61,71 +61,56 @@ std::string MicroRecord::label() const {
 
 std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& files) {
   std::vector<MicroRecord> out;
-  for (const auto& file : files) {
-    std::ifstream in(file);
-    if (!in) throw InputError(file.string() + ": cannot open the runs file");
-    std::string line;
-    int line_no = 0;
-    while (std::getline(in, line)) {
-      ++line_no;
-      if (line.empty() || line.find("\"micro\"") == std::string::npos) continue;
-      const std::string where = file.string() + ":" + std::to_string(line_no);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw InputError(where + ": malformed JSON: " + e.what());
-      }
-      if (j.value("kind", "") != "micro") continue;
-      try {
-        MicroRecord r;
-        r.where = where;
-        const std::string bench = j.at("bench").get<std::string>();
-        bool known = false;
-        for (const auto& bn : kBenchNames)
-          if (bench == bn.name) {
-            r.bench = bn.bench;
-            known = true;
-          }
-        if (!known) throw InputError(where + ": key \"bench\" has unknown value \"" + bench + "\"");
-        r.seconds = positive(j, "seconds", where);
-        switch (r.bench) {
-          case MicroBench::kGemm:
-            r.m = positive(j, "m", where);
-            r.n = positive(j, "n", where);
-            r.k = positive(j, "k", where);
-            break;
-          case MicroBench::kAttention:
-          case MicroBench::kAttentionBwd:
-            r.batch = positive(j, "batch", where);
-            r.heads = positive(j, "heads", where);
-            r.seq_len = positive(j, "seq_len", where);
-            r.head_dim = positive(j, "head_dim", where);
-            break;
-          case MicroBench::kAllReduce:
-          case MicroBench::kReduceScatter:
-          case MicroBench::kAllGather:
-            r.world = positive(j, "world", where);
-            if (r.world < 2) throw InputError(where + ": key \"world\" must be at least 2, got " + j.at("world").dump());
-            [[fallthrough]];
-          case MicroBench::kH2D:
-          case MicroBench::kD2H:
-            r.bytes = positive(j, "bytes", where);
-            break;
-          case MicroBench::kCpuOptimizer:
-            r.threads = positive(j, "threads", where);
-            [[fallthrough]];
-          case MicroBench::kGpuOptimizer:
-            r.params = positive(j, "params", where);
-            r.optimizer = parse_optimizer(j.at("optimizer").get<std::string>(), where + ": key \"optimizer\"");
-            break;
+  for_each_jsonl(files, "\"micro\"", [&](const std::filesystem::path&, const std::string& where, const nlohmann::json& j) {
+    if (j.value("kind", "") != "micro") return;
+    try {
+      MicroRecord r;
+      r.where = where;
+      const std::string bench = j.at("bench").get<std::string>();
+      bool known = false;
+      for (const auto& bn : kBenchNames)
+        if (bench == bn.name) {
+          r.bench = bn.bench;
+          known = true;
         }
-        out.push_back(r);
-      } catch (const nlohmann::json::exception& e) {
-        throw InputError(where + ": " + e.what());
+      if (!known) throw InputError(where + ": key \"bench\" has unknown value \"" + bench + "\"");
+      r.seconds = positive(j, "seconds", where);
+      switch (r.bench) {
+        case MicroBench::kGemm:
+          r.m = positive(j, "m", where);
+          r.n = positive(j, "n", where);
+          r.k = positive(j, "k", where);
+          break;
+        case MicroBench::kAttention:
+        case MicroBench::kAttentionBwd:
+          r.batch = positive(j, "batch", where);
+          r.heads = positive(j, "heads", where);
+          r.seq_len = positive(j, "seq_len", where);
+          r.head_dim = positive(j, "head_dim", where);
+          break;
+        case MicroBench::kAllReduce:
+        case MicroBench::kReduceScatter:
+        case MicroBench::kAllGather:
+          r.world = positive(j, "world", where);
+          if (r.world < 2) throw InputError(where + ": key \"world\" must be at least 2, got " + j.at("world").dump());
+          [[fallthrough]];
+        case MicroBench::kH2D:
+        case MicroBench::kD2H:
+          r.bytes = positive(j, "bytes", where);
+          break;
+        case MicroBench::kCpuOptimizer:
+          r.threads = positive(j, "threads", where);
+          [[fallthrough]];
+        case MicroBench::kGpuOptimizer:
+          r.params = positive(j, "params", where);
+          r.optimizer = parse_optimizer(j.at("optimizer").get<std::string>(), where + ": key \"optimizer\"");
+          break;
       }
+      out.push_back(r);
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(where + ": " + e.what());
     }
-  }
+  });
   return out;
 }
 

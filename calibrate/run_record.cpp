@@ -29,6 +29,29 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::string& prefilter,
+                    const std::function<void(const std::filesystem::path& file, const std::string& where,
+                                             const nlohmann::json& j)>& fn) {
+  for (const auto& file : files) {
+    std::ifstream in(file);
+    if (!in) throw InputError(file.string() + ": cannot open the runs file");
+    std::string line;
+    int line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (line.empty() || (!prefilter.empty() && line.find(prefilter) == std::string::npos)) continue;
+      const std::string where = file.string() + ":" + std::to_string(line_no);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw InputError(where + ": malformed JSON: " + e.what());
+      }
+      fn(file, where, j);
+    }
+  }
+}
+
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir) {
   struct Acc {
@@ -37,70 +60,55 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
   };
   std::map<std::string, Acc> groups;
   std::vector<std::string> order;
-  for (const auto& file : files) {
-    std::ifstream in(file);
-    if (!in) throw InputError(file.string() + ": cannot open the runs file");
-    std::string line;
-    int line_no = 0;
-    while (std::getline(in, line)) {
-      ++line_no;
-      if (line.empty()) continue;
-      const std::string where = file.string() + ":" + std::to_string(line_no);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw InputError(where + ": malformed JSON: " + e.what());
+  for_each_jsonl(files, "", [&](const std::filesystem::path& file, const std::string& where, const nlohmann::json& j) {
+    try {
+      if (j.value("warmup", false)) return;
+      if (j.contains("kind") && j.at("kind") != "step") return;  // micro-benchmarks: micro_record.h
+      const auto& c = j.at("config");
+      TrainConfig cfg;
+      cfg.zero_stage = c.at("zero_stage").get<int>();
+      cfg.offload_optimizer = parse_offload(c.at("offload_optimizer").get<std::string>(), where + ": config.offload_optimizer");
+      cfg.offload_params = parse_offload(c.at("offload_params").get<std::string>(), where + ": config.offload_params");
+      cfg.optimizer = parse_optimizer(c.at("optimizer").get<std::string>(), where + ": config.optimizer");
+      cfg.precision = parse_precision(c.at("precision").get<std::string>(), where + ": config.precision");
+      cfg.micro_batch = c.at("micro_batch").get<int64_t>();
+      cfg.gas = c.at("gas").get<int64_t>();
+      cfg.seq_len = c.at("seq_len").get<int64_t>();
+      cfg.gpus_per_node = c.at("gpus").get<int>();
+      cfg.nodes = c.at("nodes").get<int>();
+      cfg.activation_checkpointing = c.at("activation_checkpointing").get<bool>();
+      cfg.offload_pipeline = c.value("offload_pipeline", true);  // absent before serial offload existed
+      validate_config(cfg);
+      const std::string model = j.at("model").get<std::string>();
+      const std::string key = config_key(model, cfg);
+      auto it = groups.find(key);
+      if (it == groups.end()) {
+        Acc acc;
+        acc.rec.key = key;
+        acc.rec.source = file.filename().string();
+        acc.rec.model = resolve_model(model, data_dir);
+        acc.rec.config = cfg;
+        it = groups.emplace(key, std::move(acc)).first;
+        order.push_back(key);
       }
-      try {
-        if (j.value("warmup", false)) continue;
-        if (j.contains("kind") && j.at("kind") != "step") continue;  // micro-benchmarks: micro_record.h
-        const auto& c = j.at("config");
-        TrainConfig cfg;
-        cfg.zero_stage = c.at("zero_stage").get<int>();
-        cfg.offload_optimizer = parse_offload(c.at("offload_optimizer").get<std::string>(), where + ": config.offload_optimizer");
-        cfg.offload_params = parse_offload(c.at("offload_params").get<std::string>(), where + ": config.offload_params");
-        cfg.optimizer = parse_optimizer(c.at("optimizer").get<std::string>(), where + ": config.optimizer");
-        cfg.precision = parse_precision(c.at("precision").get<std::string>(), where + ": config.precision");
-        cfg.micro_batch = c.at("micro_batch").get<int64_t>();
-        cfg.gas = c.at("gas").get<int64_t>();
-        cfg.seq_len = c.at("seq_len").get<int64_t>();
-        cfg.gpus_per_node = c.at("gpus").get<int>();
-        cfg.nodes = c.at("nodes").get<int>();
-        cfg.activation_checkpointing = c.at("activation_checkpointing").get<bool>();
-        cfg.offload_pipeline = c.value("offload_pipeline", true);  // absent before serial offload existed
-        validate_config(cfg);
-        const std::string model = j.at("model").get<std::string>();
-        const std::string key = config_key(model, cfg);
-        auto it = groups.find(key);
-        if (it == groups.end()) {
-          Acc acc;
-          acc.rec.key = key;
-          acc.rec.source = file.filename().string();
-          acc.rec.model = resolve_model(model, data_dir);
-          acc.rec.config = cfg;
-          it = groups.emplace(key, std::move(acc)).first;
-          order.push_back(key);
-        }
-        Acc& acc = it->second;
-        const auto& t = j.at("time_s");
-        for (const char* k : {"step", "opt", "forward", "backward", "grad_comm", "param_gather", "offload_transfer",
-                              "optimizer"})
-          acc.values[k].push_back(t.at(k).get<double>());
-        acc.values["gas"].push_back(t.at("gas").is_null() ? 0.0 : t.at("gas").get<double>());
-        // The offload pipeline's own CPU time (runs before the pipeline: absent; the
-        // serial optimizer phase was that time).
-        acc.values["optimizer_total"].push_back(t.contains("optimizer_cpu") && t.at("optimizer_cpu").get<double>() > 0
-                                                    ? t.at("optimizer_cpu").get<double>()
-                                                    : t.at("optimizer").get<double>());
-        acc.values["mem"].push_back(j.at("memory_bytes").at("gpu_peak_reserved").get<double>());
-        acc.values["tps"].push_back(j.at("throughput").at("tokens_per_s").get<double>());
-        acc.rec.steps++;
-      } catch (const nlohmann::json::exception& e) {
-        throw InputError(where + ": " + e.what());
-      }
+      Acc& acc = it->second;
+      const auto& t = j.at("time_s");
+      for (const char* k : {"step", "opt", "forward", "backward", "grad_comm", "param_gather", "offload_transfer",
+                            "optimizer"})
+        acc.values[k].push_back(t.at(k).get<double>());
+      acc.values["gas"].push_back(t.at("gas").is_null() ? 0.0 : t.at("gas").get<double>());
+      // The offload pipeline's own CPU time (runs before the pipeline: absent; the
+      // serial optimizer phase was that time).
+      acc.values["optimizer_total"].push_back(t.contains("optimizer_cpu") && t.at("optimizer_cpu").get<double>() > 0
+                                                  ? t.at("optimizer_cpu").get<double>()
+                                                  : t.at("optimizer").get<double>());
+      acc.values["mem"].push_back(j.at("memory_bytes").at("gpu_peak_reserved").get<double>());
+      acc.values["tps"].push_back(j.at("throughput").at("tokens_per_s").get<double>());
+      acc.rec.steps++;
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(where + ": " + e.what());
     }
-  }
+  });
   std::vector<RunRecord> out;
   for (const auto& key : order) {
     Acc& a = groups[key];

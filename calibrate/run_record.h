@@ -4,6 +4,8 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,14 @@ struct RunRecord {
 };
 
 std::string config_key(const std::string& model, const TrainConfig& c);
+
+// Calls fn(file, where, object) for each non-empty line of each JSONL file (where =
+// "file:line"); an unreadable file or a line that is not JSON is an InputError
+// naming it. `prefilter`, when given, skips lines that do not contain it before
+// parsing.
+void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::string& prefilter,
+                    const std::function<void(const std::filesystem::path& file, const std::string& where,
+                                             const nlohmann::json& j)>& fn);
 
 // Reads JSONL files; malformed lines fail with file:line and the key.
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,

@@ -41,6 +41,15 @@ double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_c
 double optimizer_flops(OptimizerKind opt) { return opt == OptimizerKind::kAdamW ? 15.0 : 60.0; }
 
 
+std::array<GemmShape, kNumGemmClasses> gemm_classes(const ModelSpec& spec, double tokens) {
+  const double h = static_cast<double>(spec.hidden_size), L = static_cast<double>(spec.num_layers);
+  const double qkv_n = static_cast<double>(spec.q_dim() + 2 * spec.kv_dim());
+  const double i = static_cast<double>(spec.intermediate_size);
+  return {GemmShape{tokens, qkv_n, h, L}, GemmShape{tokens, h, static_cast<double>(spec.q_dim()), L},
+          GemmShape{tokens, spec.gated_mlp ? 2.0 * i : i, h, L}, GemmShape{tokens, h, i, L},
+          GemmShape{tokens, static_cast<double>(spec.vocab_size), static_cast<double>(spec.embed_dim()), 1.0}};
+}
+
 double causal_attention_fwd_flops(double batch, double seq_len, double q_dim, AttentionKind attention) {
   const double full_square = 4.0 * batch * seq_len * seq_len * q_dim;
   return attention == AttentionKind::kFlash ? 0.5 * full_square : full_square;
@@ -119,13 +128,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const int stage = c.zero_stage;
 
   // --- compute ---------------------------------------------------------------
-  const double qkv_n = static_cast<double>(spec.q_dim() + 2 * spec.kv_dim());
-  const double i = static_cast<double>(spec.intermediate_size);
-  f.gemms[0] = {tokens, qkv_n, h, L};
-  f.gemms[1] = {tokens, h, static_cast<double>(spec.q_dim()), L};
-  f.gemms[2] = {tokens, spec.gated_mlp ? 2.0 * i : i, h, L};
-  f.gemms[3] = {tokens, h, i, L};
-  f.gemms[4] = {tokens, static_cast<double>(spec.vocab_size), static_cast<double>(spec.embed_dim()), 1.0};
+  f.gemms = gemm_classes(spec, tokens);
   // Causal attention: QK^T and PV are 2 b s^2 d_attn FLOPs each per layer for
   // the full square; flash kernels skip the masked half, the math path does not.
   f.attn_fwd_flops = causal_attention_fwd_flops(b, s, static_cast<double>(spec.q_dim()), c.attention) * L;

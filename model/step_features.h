@@ -103,6 +103,10 @@ double optimizer_flops(OptimizerKind opt);
 // Forward FLOPs of causal attention of one layer: QK^T and PV are 2 b s^2 d_attn
 // each for the full square; flash kernels skip the masked half, the math path
 // does not.
+// The forward GEMM classes of a model for `tokens` tokens per micro-batch: qkv,
+// attention out, MLP up (gate and up together when gated), MLP down, lm_head.
+std::array<GemmShape, kNumGemmClasses> gemm_classes(const ModelSpec& spec, double tokens);
+
 inline constexpr double kFlashAttnBwdFlopsMult = 2.5;  // FlashAttention-2 (Dao 2023): backward = 2.5x forward
 double causal_attention_fwd_flops(double batch, double seq_len, double q_dim, AttentionKind attention);
 
