@@ -5,7 +5,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <vector>
 #include <stdexcept>
 
 #include "backend/adamw_math.h"
@@ -62,148 +65,255 @@ void block_scalar(const Block8& b, const Consts& c) {
   pass2_scalar(b, 0, mb, vb, max_m > 0 ? 1.0f / max_m : 0.0f, max_v > 0 ? 1.0f / max_v : 0.0f);
 }
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
 AVX512 inline __m512i load_codes(const uint8_t* q) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
 }
 
-// The map's constants in registers. Levels: first point and spacing per level
-// (16 slots, a permute reads them; slot 15 is 0 so that code 0 decodes to 0).
-// Encoding finds the level from the float's binade: y in [2^-i, 2^-i+1) has
-// level base[i] + (y >= split[i]), since a binade holds at most one of the
-// level thresholds (checked when the tables are built).
-struct MapRegs {
-  __m512 first, step, inv_step, zero_threshold;
-  __m512i base_lo, base_hi;    // base[0..31]
-  __m512 split_lo, split_hi;   // split[0..31]
+// The AVX-512 body is written for few operations per element (it is compute-
+// bound on 16 threads of a Sapphire Rapids host, where fp32 AdamW is memory-
+// bound): both directions of the map are table lookups keyed by a float's
+// exponent, the tables carry the block's scale, and the reciprocal square
+// root and reciprocal are the 14-bit estimates (relative error 2^-14, far
+// under the 8-bit states' own; the fp32 kernel keeps exact division).
+//
+// Decoding: the code c, as a float f = c x 2^shift, has exponent 127 + shift
+// + level and its top fraction bit splits the level in two; bits(f) >> 22
+// (5 bits) picks one of 32 slots holding the level's line: value =
+// f x slope + intercept. Every code of a slot lies on one line (checked when
+// the table is built). The signed map's magnitude is shifted by 24, next to
+// the sign bit, which then flips the value.
+struct DecodeTable {
+  alignas(64) float intercept[32];
+  alignas(64) float slope[32];
 };
 
-AVX512 MapRegs map_regs(const quant8::Map& m) {
-  alignas(64) float first[16] = {}, step[16] = {}, inv_step[16] = {}, split[32];
-  alignas(64) int32_t base[32];
-  for (int i = 0; i < m.bits; ++i) {
-    first[i] = m.first[i];
-    step[i] = m.step[i];
-    inv_step[i] = m.inv_step[i];
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+DecodeTable decode_table(const quant8::Map& m, int shift) {
+  DecodeTable t{};
+  bool used[32] = {};
+  int zero_slot_codes = 0;
+  const int codes = 1 << m.bits;
+  for (int c = 0; c < codes; ++c) {
+    const float f = std::ldexp(static_cast<float>(c), shift);
+    const int s = static_cast<int>(float_bits(f) >> 22) & 31;
+    const float value = quant8::decode_magnitude(m, static_cast<uint8_t>(c));
+    float slope, intercept;
+    if (c == 0 || (s == 0 && shift == 0)) {
+      // Code 0 is f = 0, slot 0, which (unshifted) it shares with code 2: the line through the origin.
+      ++zero_slot_codes;
+      slope = c == 0 ? 0.0f : value / f;
+      intercept = 0.0f;
+      if (c == 0 && shift == 0) continue;  // the next code of slot 0 sets the slope
+    } else {
+      const int level = 31 - __builtin_clz(static_cast<unsigned>(c));
+      slope = level == 0 ? 0.0f : std::ldexp(m.step[level], -shift);
+      intercept = level == 0 ? m.first[0] : m.first[level] - static_cast<float>(1 << level) * m.step[level];
+    }
+    if (used[s] && (t.slope[s] != slope || t.intercept[s] != intercept))
+      throw std::logic_error("quant8: two lines share a decode slot");
+    used[s] = true;
+    t.slope[s] = slope;
+    t.intercept[s] = intercept;
   }
-  for (int i = 0; i < 32; ++i) {
-    const float lo = std::ldexp(1.0f, -i), hi = std::ldexp(1.0f, 1 - i);
-    int level = 0, inside = 0;
-    split[i] = 2.0f;  // no threshold in this binade: y < 2 always
-    for (int k = 0; k + 1 < m.bits; ++k) {
-      if (m.threshold[k] <= lo) ++level;
-      else if (m.threshold[k] < hi) {
-        split[i] = m.threshold[k];
+  if (shift == 0 && zero_slot_codes != 2) throw std::logic_error("quant8: slot 0 holds codes other than 0 and 2");
+  return t;
+}
+
+// Encoding: y in [2^-31, 1] (clamped) is looked up by its exponent e (slot e & 31,
+// one slot per binade). A binade holds at most one of the thresholds between
+// levels (checked here); the slot gives the level index below it (base) and
+// that threshold (split, 2 if none). Level index k: 0 below the zero
+// threshold, level + 1 above; per k, code = min(round(y x inv_step + offset), top).
+// Rounding cannot fall below the level's first code: the gap between levels is
+// exactly the upper level's step, so at the threshold t = 2^level - 0.5.
+struct EncodeTable {
+  alignas(64) float split[32];
+  alignas(64) int32_t base[32];
+  alignas(64) float inv_step[16];
+  alignas(64) float offset[16];
+  alignas(64) int32_t top[16];
+};
+
+EncodeTable encode_table(const quant8::Map& m, int below_zero_code) {
+  EncodeTable t{};
+  std::vector<float> thresholds{m.zero_threshold};
+  for (int k = 0; k + 1 < m.bits; ++k) thresholds.push_back(m.threshold[k]);
+  for (int s = 0; s < 32; ++s) {
+    const float lo = std::ldexp(1.0f, s - 31), hi = 2.0f * lo;  // exponent 96 + s
+    int base = 0, inside = 0;
+    t.split[s] = 2.0f;
+    for (float thr : thresholds) {
+      if (thr <= lo) ++base;
+      else if (thr < hi) {
+        t.split[s] = thr;
         ++inside;
       }
     }
     if (inside > 1) throw std::logic_error("quant8: a binade holds two level thresholds");
-    base[i] = level;
+    t.base[s] = base;
   }
-  MapRegs r;
-  r.first = _mm512_load_ps(first);
-  r.step = _mm512_load_ps(step);
-  r.inv_step = _mm512_load_ps(inv_step);
-  r.zero_threshold = _mm512_set1_ps(m.zero_threshold);
-  r.base_lo = _mm512_load_si512(base);
-  r.base_hi = _mm512_load_si512(base + 16);
-  r.split_lo = _mm512_load_ps(split);
-  r.split_hi = _mm512_load_ps(split + 16);
-  return r;
+  t.inv_step[0] = 0.0f;
+  t.offset[0] = static_cast<float>(below_zero_code);
+  t.top[0] = below_zero_code;
+  for (int level = 0; level < m.bits; ++level) {
+    t.inv_step[level + 1] = m.inv_step[level];
+    t.offset[level + 1] = static_cast<float>(1 << level) - m.first[level] * m.inv_step[level];
+    t.top[level + 1] = (2 << level) - 1;
+  }
+  return t;
 }
 
-// quant8::encode_magnitude on 16 lanes; y already clamped to [0, 1].
-AVX512 inline __m512i encode16(const MapRegs& r, __m512 y) {
-  const __m512i one = _mm512_set1_epi32(1);
-  // Binade index 127 - exponent, in [0, 31] (y <= 1; zero and tiny values land on 31).
-  const __m512i binade = _mm512_min_epi32(
-      _mm512_sub_epi32(_mm512_set1_epi32(127), _mm512_srli_epi32(_mm512_castps_si512(y), 23)), _mm512_set1_epi32(31));
-  __m512i level = _mm512_permutex2var_epi32(r.base_lo, binade, r.base_hi);
-  const __m512 split = _mm512_permutex2var_ps(r.split_lo, binade, r.split_hi);
-  level = _mm512_mask_add_epi32(level, _mm512_cmp_ps_mask(y, split, _CMP_GE_OQ), level, one);
-  const __m512 t = _mm512_mul_ps(_mm512_sub_ps(y, _mm512_permutexvar_ps(level, r.first)),
-                                 _mm512_permutexvar_ps(level, r.inv_step));
-  const __m512i base = _mm512_sllv_epi32(one, level);  // 2^level
-  __m512i j = _mm512_cvtps_epi32(t);                   // round to nearest even, as the scalar encoder
-  j = _mm512_max_epi32(_mm512_setzero_si512(), _mm512_min_epi32(j, _mm512_sub_epi32(base, one)));
-  const __m512i code = _mm512_add_epi32(base, j);
-  return _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(y, r.zero_threshold, _CMP_GE_OQ), code);
+struct EncodeRegs {
+  __m512 split_lo, split_hi, inv_step, offset;
+  __m512i base_lo, base_hi, top;
+};
+
+AVX512 EncodeRegs encode_regs(const EncodeTable& t) {
+  return {_mm512_load_ps(t.split),     _mm512_load_ps(t.split + 16),
+          _mm512_load_ps(t.inv_step),  _mm512_load_ps(t.offset),
+          _mm512_load_si512(t.base),   _mm512_load_si512(t.base + 16),
+          _mm512_load_si512(t.top)};
 }
 
-// quant8::decode_magnitude on 16 lanes: level = 31 - lzcnt(code); code 0 gives
-// level -1, whose slot 15 holds zeros, and a shift count past 31 gives 0.
-AVX512 inline __m512 decode16(const MapRegs& r, __m512i code) {
-  const __m512i level = _mm512_sub_epi32(_mm512_set1_epi32(31), _mm512_lzcnt_epi32(code));
-  const __m512i j = _mm512_sub_epi32(code, _mm512_sllv_epi32(_mm512_set1_epi32(1), level));
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(j), _mm512_permutexvar_ps(level, r.step),
-                         _mm512_permutexvar_ps(level, r.first));
+// y already in [2^-31, 1].
+AVX512 inline __m512 encode_t(const EncodeRegs& r, __m512 y, __m512i& top) {
+  const __m512i s = _mm512_srli_epi32(_mm512_castps_si512(y), 23);  // permutes read its low 5 bits
+  __m512i k = _mm512_permutex2var_epi32(r.base_lo, s, r.base_hi);
+  const __m512 split = _mm512_permutex2var_ps(r.split_lo, s, r.split_hi);
+  k = _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(y, split, _CMP_GE_OQ), k, _mm512_set1_epi32(1));
+  top = _mm512_permutexvar_epi32(k, r.top);
+  return _mm512_fmadd_ps(y, _mm512_permutexvar_ps(k, r.inv_step), _mm512_permutexvar_ps(k, r.offset));
 }
 
-// 1 / d and sqrt(v) from the 14-bit estimates plus one Newton step (~23 bits):
-// pipelined, where the divide and the square root hold their unit for 12-16 cycles.
-AVX512 inline __m512 recip(__m512 d) {
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+// 4 x 16 codes (0..255 in int32 lanes) -> 64 bytes in order.
+AVX512 inline void store_codes64(uint8_t* q, __m512i a, __m512i b, __m512i c, __m512i d) {
+  // The packs interleave per 128-bit lane: dword 4 l + r holds register r's lane l.
+  const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  _mm512_storeu_si512(q, _mm512_permutexvar_epi32(order, packed));
 }
 
-AVX512 inline __m512 sqrt_nr(__m512 v) {
-  const __m512 rs = _mm512_rsqrt14_ps(v);
-  const __m512 s0 = _mm512_mul_ps(v, rs);
-  const __m512 s = _mm512_mul_ps(s0, _mm512_fnmadd_ps(_mm512_mul_ps(s0, rs), _mm512_set1_ps(0.5f), _mm512_set1_ps(1.5f)));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), s);  // sqrt(0) = 0, not 0 x inf
+// The bf16 copy: the AVX512_BF16 conversion where the CPU has it (round to nearest
+// even; it also flushes fp32 denormals, which parameters are not), else the integer
+// rounding of store_out16. Inline assembly, so that this function needs no BF16 target.
+template <bool kNativeBf16>
+AVX512 inline void store_out16_8bit(void* out, kernels::DType od, int64_t i, __m512 x) {
+  if constexpr (kNativeBf16) {
+    if (out && od == kernels::DType::kBFloat16) {
+      __m256i h;
+      asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), h);
+      return;
+    }
+  }
+  store_out16(out, od, i, x);
 }
 
+template <bool kNativeBf16>
 AVX512 void block_avx512(const Block8& b, const Consts& c) {
   alignas(64) float mb[kBlock], vb[kBlock];
-  static const MapRegs smap = map_regs(quant8::signed_magnitudes());
-  static const MapRegs umap = map_regs(quant8::unsigned_map());
-  const AdamWRegs16 k = adamw_regs16(c);
-  const __m512 am = _mm512_set1_ps(*b.am), av = _mm512_set1_ps(*b.av);
-  const __m512i mask7 = _mm512_set1_epi32(0x7F), one = _mm512_set1_epi32(1);
-  __m512 vmax_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
+  static const DecodeTable sdec = decode_table(quant8::signed_magnitudes(), 24);
+  static const DecodeTable udec = decode_table(quant8::unsigned_map(), 0);
+  static const EncodeTable senc = encode_table(quant8::signed_magnitudes(), 0);
+  static const EncodeTable uenc = encode_table(quant8::unsigned_map(), 1);
+  // The block's scale and the betas ride in the decode lines: they give b1 m and b2 v.
+  const __m512 sm = _mm512_set1_ps(*b.am * c.b1), sv = _mm512_set1_ps(*b.av * c.b2);
+  const __m512 m_int_lo = _mm512_mul_ps(_mm512_load_ps(sdec.intercept), sm);
+  const __m512 m_int_hi = _mm512_mul_ps(_mm512_load_ps(sdec.intercept + 16), sm);
+  const __m512 m_slope_lo = _mm512_mul_ps(_mm512_load_ps(sdec.slope), sm);
+  const __m512 m_slope_hi = _mm512_mul_ps(_mm512_load_ps(sdec.slope + 16), sm);
+  const __m512 v_int_lo = _mm512_mul_ps(_mm512_load_ps(udec.intercept), sv);
+  const __m512 v_int_hi = _mm512_mul_ps(_mm512_load_ps(udec.intercept + 16), sv);
+  const __m512 v_slope_lo = _mm512_mul_ps(_mm512_load_ps(udec.slope), sv);
+  const __m512 v_slope_hi = _mm512_mul_ps(_mm512_load_ps(udec.slope + 16), sv);
+  // The gradient's scale rides in the moments' gradient terms.
+  const __m512 gm = _mm512_set1_ps(c.one_minus_b1 * c.scale), gv = _mm512_set1_ps(c.one_minus_b2 * c.scale * c.scale);
+  const __m512 dec = _mm512_set1_ps(c.decay), ibc2 = _mm512_set1_ps(c.inv_bc2_sqrt), eps = _mm512_set1_ps(c.eps),
+               ss = _mm512_set1_ps(c.step_size), tiny = _mm512_set1_ps(FLT_MIN);
+  const __m512i sign_bit = _mm512_set1_epi32(INT32_MIN), magnitude_bits = _mm512_set1_epi32(0x7F000000);
+  __m512 vmax_m = _mm512_setzero_ps(), vmin_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
   const int64_t body = b.n / 16 * 16;
   for (int64_t i = 0; i < body; i += 16) {
-    const __m512i cm = load_codes(b.qm + i), cv = load_codes(b.qv + i);
-    const __m512 mag = decode16(smap, _mm512_and_si512(cm, mask7));
-    const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(cm, 7), 31);
-    const __m512 m_old = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(mag), sign)), am);
-    const __m512 v_old = _mm512_mul_ps(decode16(umap, cv), av);
-    const __m512 gi = _mm512_mul_ps(load_grad16(b.g, i), k.sc);
-    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(b.p + i), k.dec);
-    const __m512 mi = _mm512_fmadd_ps(k.b1, m_old, _mm512_mul_ps(k.omb1, gi));
-    const __m512 vi = _mm512_fmadd_ps(k.b2, v_old, _mm512_mul_ps(k.omb2, _mm512_mul_ps(gi, gi)));
-    const __m512 denom = _mm512_fmadd_ps(sqrt_nr(vi), k.ibc2, k.eps);
-    x = _mm512_sub_ps(x, _mm512_mul_ps(k.ss, _mm512_mul_ps(mi, recip(denom))));
+    // b1 m_old: the magnitude bits as f = (code & 0x7F) << 24, the sign (bit 7) flips the value.
+    const __m512i shifted = _mm512_slli_epi32(load_codes(b.qm + i), 24);
+    const __m512 fm = _mm512_cvtepi32_ps(_mm512_and_si512(shifted, magnitude_bits));
+    const __m512i sm_slot = _mm512_srli_epi32(_mm512_castps_si512(fm), 22);
+    const __m512 m_mag = _mm512_fmadd_ps(fm, _mm512_permutex2var_ps(m_slope_lo, sm_slot, m_slope_hi),
+                                         _mm512_permutex2var_ps(m_int_lo, sm_slot, m_int_hi));
+    const __m512 m_old = _mm512_castsi512_ps(
+        _mm512_ternarylogic_epi32(_mm512_castps_si512(m_mag), shifted, sign_bit, 0x78));  // A ^ (B & C)
+    // b2 v_old.
+    const __m512 fv = _mm512_cvtepi32_ps(load_codes(b.qv + i));
+    const __m512i sv_slot = _mm512_srli_epi32(_mm512_castps_si512(fv), 22);
+    const __m512 v_old = _mm512_fmadd_ps(fv, _mm512_permutex2var_ps(v_slope_lo, sv_slot, v_slope_hi),
+                                         _mm512_permutex2var_ps(v_int_lo, sv_slot, v_int_hi));
+    const __m512 g = load_grad16(b.g, i);
+    const __m512 mi = _mm512_fmadd_ps(gm, g, m_old);
+    const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(gv, g), g, v_old);
+    // sqrt(v) = v / sqrt(v), with v >= FLT_MIN in the estimate so that v = 0 gives 0.
+    const __m512 root = _mm512_mul_ps(vi, _mm512_rsqrt14_ps(_mm512_max_ps(vi, tiny)));
+    const __m512 inv_denom = _mm512_rcp14_ps(_mm512_fmadd_ps(root, ibc2, eps));
+    const __m512 x = _mm512_fnmadd_ps(ss, _mm512_mul_ps(mi, inv_denom), _mm512_mul_ps(_mm512_loadu_ps(b.p + i), dec));
     _mm512_storeu_ps(b.p + i, x);
     _mm512_store_ps(mb + i, mi);
     _mm512_store_ps(vb + i, vi);
-    vmax_m = _mm512_max_ps(vmax_m, _mm512_abs_ps(mi));
+    vmax_m = _mm512_max_ps(vmax_m, mi);
+    vmin_m = _mm512_min_ps(vmin_m, mi);
     vmax_v = _mm512_max_ps(vmax_v, vi);
-    store_out16(b.out, b.od, i, x);
+    store_out16_8bit<kNativeBf16>(b.out, b.od, i, x);
   }
-  float max_m = _mm512_reduce_max_ps(vmax_m), max_v = _mm512_reduce_max_ps(vmax_v);
+  float max_m = std::max(_mm512_reduce_max_ps(vmax_m), -_mm512_reduce_min_ps(vmin_m));
+  float max_v = _mm512_reduce_max_ps(vmax_v);
   pass1_scalar(b, body, c, mb, vb, max_m, max_v);
   *b.am = max_m;
   *b.av = max_v;
   const float inv_m = max_m > 0 ? 1.0f / max_m : 0.0f, inv_v = max_v > 0 ? 1.0f / max_v : 0.0f;
 
-  const __m512 vinv_m = _mm512_set1_ps(inv_m), vinv_v = _mm512_set1_ps(inv_v), ones = _mm512_set1_ps(1.0f);
-  for (int64_t i = 0; i < body; i += 16) {
-    const __m512 m = _mm512_mul_ps(_mm512_load_ps(mb + i), vinv_m);
-    const __m512 v = _mm512_mul_ps(_mm512_load_ps(vb + i), vinv_v);
-    // min(y, 1) also maps NaN to 1 (the second operand is returned), as the scalar encoder does.
-    __m512i qm = encode16(smap, _mm512_min_ps(_mm512_abs_ps(m), ones));
-    qm = _mm512_or_si512(qm, _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(m), 31), 7));
-    const __m512 yv = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), ones);
-    __m512i qv = encode16(umap, yv);
-    const __mmask16 positive_zero = _mm512_mask_cmpeq_epi32_mask(_mm512_cmp_ps_mask(yv, _mm512_setzero_ps(), _CMP_GT_OQ),
-                                                                 qv, _mm512_setzero_si512());
-    qv = _mm512_mask_mov_epi32(qv, positive_zero, one);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(b.qm + i), _mm512_cvtepi32_epi8(qm));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(b.qv + i), _mm512_cvtepi32_epi8(qv));
+  const EncodeRegs es = encode_regs(senc), eu = encode_regs(uenc);
+  const __m512 vinv_m = _mm512_set1_ps(inv_m), vinv_v = _mm512_set1_ps(inv_v), ones = _mm512_set1_ps(1.0f),
+               floor_y = _mm512_set1_ps(0x1p-31f), abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(INT32_MAX));
+  const __m512i sign_to_bit7 = _mm512_set1_epi32(0x80);
+  const int64_t body64 = b.n / 64 * 64;
+  // Pass 2 works in L1 and leaves the memory bus idle: it prefetches the next block
+  // (p, gradient and codes: 16 KB, 8 lines per 64 elements) into L2 meanwhile.
+  // Prefetches past the end of the arrays are harmless (they never fault).
+  const char* next_p = reinterpret_cast<const char*>(b.p + kBlock);
+  const char* next_g = static_cast<const char*>(b.g.ptr) + kBlock * (b.g.dtype == kernels::DType::kBFloat16 ? 2 : 4);
+  const char* next_qm = reinterpret_cast<const char*>(b.qm + kBlock);
+  const char* next_qv = reinterpret_cast<const char*>(b.qv + kBlock);
+  for (int64_t i = 0; i < body64; i += 64) {
+    const int64_t line = i / 64;  // 0 .. 31
+    for (int u = 0; u < 4; ++u) _mm_prefetch(next_p + (4 * line + u) * 64, _MM_HINT_T1);
+    for (int u = 0; u < 2; ++u) _mm_prefetch(next_g + (2 * line + u) * 64, _MM_HINT_T1);
+    _mm_prefetch(next_qm + line * 64, _MM_HINT_T1);
+    _mm_prefetch(next_qv + line * 64, _MM_HINT_T1);
+    __m512i qm[4], qv[4];
+    for (int u = 0; u < 4; ++u) {
+      const int64_t k = i + 16 * u;
+      // min(y, 1) also maps NaN to 1 (the second operand is returned), as the scalar encoder does.
+      const __m512 m = _mm512_mul_ps(_mm512_load_ps(mb + k), vinv_m);
+      const __m512 ym = _mm512_max_ps(_mm512_min_ps(_mm512_and_ps(m, abs_mask), ones), floor_y);
+      __m512i top;
+      const __m512 tm = encode_t(es, ym, top);
+      qm[u] = _mm512_ternarylogic_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(tm), top),
+                                        _mm512_srli_epi32(_mm512_castps_si512(m), 24), sign_to_bit7,
+                                        0xF8);  // A | (B & C): the sign into bit 7
+      const __m512 yv0 = _mm512_min_ps(_mm512_mul_ps(_mm512_load_ps(vb + k), vinv_v), ones);
+      const __mmask16 positive = _mm512_cmp_ps_mask(yv0, _mm512_setzero_ps(), _CMP_GT_OQ);
+      const __m512 tv = encode_t(eu, _mm512_max_ps(yv0, floor_y), top);
+      qv[u] = _mm512_min_epi32(_mm512_maskz_cvtps_epi32(positive, tv), top);  // 0 stays 0; positive is >= 1
+    }
+    store_codes64(b.qm + i, qm[0], qm[1], qm[2], qm[3]);
+    store_codes64(b.qv + i, qv[0], qv[1], qv[2], qv[3]);
   }
-  pass2_scalar(b, body, mb, vb, inv_m, inv_v);
+  pass2_scalar(b, body64, mb, vb, inv_m, inv_v);
 }
 
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -324,10 +434,9 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                    const kernels::AdamWArgs& a, SimdLevel level) {
   const Consts c = consts_of(a);
   if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW8bit);
-  // The AVX-512 body also needs AVX512CD (lzcnt); without it the AVX2 body runs.
-  static const bool has_cd = [] {
+  static const bool has_bf16 = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512cd") != 0;
+    return __builtin_cpu_supports("avx512bf16") != 0;
   }();
   const int64_t gsize = grad_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
@@ -345,8 +454,8 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                std::min(kBlock, n - s)};
       switch (level) {
         case SimdLevel::kAvx512:
-          if (has_cd) block_avx512(b, c);
-          else block_avx2(b, c);
+          if (has_bf16) block_avx512<true>(b, c);
+          else block_avx512<false>(b, c);
           break;
         case SimdLevel::kAvx2: block_avx2(b, c); break;
         default: block_scalar(b, c); break;

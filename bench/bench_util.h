@@ -4,9 +4,26 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace stepcast::bench {
+
+// Positional argument `index` as a positive integer, else `fallback` when absent; anything
+// else ends the program with one line naming the argument and the value (exit 2).
+inline long long positive_arg(int argc, char** argv, int index, const char* name, long long fallback) {
+  if (index >= argc) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(argv[index], &end, 10);
+  if (end == argv[index] || *end != '\0' || v <= 0) {
+    std::fprintf(stderr, "%s: argument %d (%s) \"%s\" is not a positive integer\n", argv[0], index, name,
+                 argv[index]);
+    std::exit(2);
+  }
+  return v;
+}
 
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

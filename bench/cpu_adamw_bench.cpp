@@ -78,9 +78,10 @@ double bound_bytes_per_s(int64_t n, int threads, int repeats) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{32} << 20);
-  const int threads = argc > 2 ? std::atoi(argv[2]) : static_cast<int>(std::thread::hardware_concurrency());
-  const int repeats = argc > 3 ? std::atoi(argv[3]) : 7;
+  const int64_t n = stepcast::bench::positive_arg(argc, argv, 1, "params", int64_t{32} << 20);
+  const int threads = static_cast<int>(
+      stepcast::bench::positive_arg(argc, argv, 2, "threads", std::thread::hardware_concurrency()));
+  const int repeats = static_cast<int>(stepcast::bench::positive_arg(argc, argv, 3, "repeats", 7));
   at::set_num_threads(threads);
   set_cpu_threads(threads);
   torch::manual_seed(0);

@@ -35,8 +35,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_optimizer_bench: no CUDA device (run it on the GPU machine)\n");
     return 2;
   }
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{1} << 30);
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 9;
+  const int64_t n = stepcast::bench::positive_arg(argc, argv, 1, "params", int64_t{1} << 30);
+  const int repeats = static_cast<int>(stepcast::bench::positive_arg(argc, argv, 2, "repeats", 9));
   const auto f32 = torch::dtype(torch::kFloat).device(torch::kCUDA);
   const auto bf16 = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
   const auto u8 = torch::dtype(torch::kByte).device(torch::kCUDA);
