@@ -37,6 +37,7 @@ ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runt
     throw InputError("--precision fp16 is not supported by the backend (use bf16 or fp32)");
   work_dtype_ = cfg_.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
   init_parameters();
+  worker_.done_step.assign(units_.size(), 0);
   if (offload()) worker_.thread = std::thread([this] { worker_loop(); });
 }
 
@@ -209,28 +210,28 @@ void ZeroEngine::reduce_unit(size_t i, bool boundary) {
 }
 
 // --- optimizer ------------------------------------------------------------------
-void ZeroEngine::update_unit(Unit& u, const void* grad, void* out, bool on_cpu) {
+void ZeroEngine::update_unit(Unit& u, const void* grad, void* out, bool on_cpu, const kernels::AdamWArgs& args) {
   const kernels::DType dt = kdtype(work_dtype_);
   const int64_t n = opt_numel(u), n8 = u.n8, esize = work_dtype_ == torch::kBFloat16 ? 2 : 4;
   float* master = u.master.data_ptr<float>();
   if (n8 > 0) {
     if (on_cpu)
       cpu_adamw8bit(master, u.code_m.data_ptr<uint8_t>(), u.code_v.data_ptr<uint8_t>(), u.absmax_m.data_ptr<float>(),
-                    u.absmax_v.data_ptr<float>(), grad, dt, out, dt, n8, step_args_);
+                    u.absmax_v.data_ptr<float>(), grad, dt, out, dt, n8, args);
     else
       kernels::adamw8bit(master, u.code_m.data_ptr<uint8_t>(), u.code_v.data_ptr<uint8_t>(),
                          u.absmax_m.data_ptr<float>(), u.absmax_v.data_ptr<float>(), grad, dt, out, dt, n8,
-                         step_args_, quant8::signed_magnitudes(), quant8::unsigned_map(), nullptr);
+                         args, quant8::signed_magnitudes(), quant8::unsigned_map(), nullptr);
   }
   if (n == n8) return;
   const void* g32 = static_cast<const char*>(grad) + n8 * esize;
   void* o32 = out ? static_cast<char*>(out) + n8 * esize : nullptr;
   if (on_cpu)
     cpu_adamw(master + n8, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt, n - n8,
-              step_args_);
+              args);
   else
     kernels::adamw(master + n8, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt,
-                   n - n8, step_args_, nullptr);
+                   n - n8, args, nullptr);
 }
 
 void ZeroEngine::optimizer_step() {
@@ -242,24 +243,24 @@ void ZeroEngine::optimizer_step() {
     torch::Tensor grad = stage >= 2 ? u.grad_acc : u.full_grad.narrow(0, off, n);
     torch::Tensor out;
     if (!fp32) out = stage == 3 ? u.shard : u.full.narrow(0, off, n);
-    update_unit(u, grad.data_ptr(), out.defined() ? out.data_ptr() : nullptr, !rt_.is_cuda());
+    update_unit(u, grad.data_ptr(), out.defined() ? out.data_ptr() : nullptr, !rt_.is_cuda(), step_args_);
   }
 }
 
 // --- the offload pipeline's worker -------------------------------------------------
 void ZeroEngine::enqueue_cpu_update(size_t i) {
-  std::function<void()> wait = rt_.host_waiter(rt_.record_comm_event());
+  Job job{i, step_, step_args_, rt_.comm_host_waiter()};
   {
     std::lock_guard<std::mutex> lock(worker_.mu);
     // Serial offload (DeepSpeed's order) holds the jobs until the whole backward has ended.
-    (cfg_.offload_pipeline ? worker_.queue : worker_.deferred).emplace_back(i, std::move(wait));
+    (cfg_.offload_pipeline ? worker_.queue : worker_.deferred).push_back(std::move(job));
   }
   worker_.cv.notify_all();
 }
 
 void ZeroEngine::worker_loop() {
   for (;;) {
-    std::pair<size_t, std::function<void()>> job;
+    Job job;
     {
       std::unique_lock<std::mutex> lock(worker_.mu);
       worker_.cv.wait(lock, [&] { return worker_.stop || !worker_.queue.empty(); });
@@ -269,11 +270,11 @@ void ZeroEngine::worker_loop() {
     }
     double seconds = 0;
     try {
-      job.second();  // the unit's gradient shard has reached the host
+      job.wait();  // the unit's gradient shard has reached the host
       const auto t0 = std::chrono::steady_clock::now();
-      Unit& u = units_[job.first];
+      Unit& u = units_[job.unit];
       void* out = param_offload() ? u.shard.data_ptr() : u.staging.data_ptr();
-      update_unit(u, u.staging.data_ptr(), out, /*on_cpu=*/true);
+      update_unit(u, u.staging.data_ptr(), out, /*on_cpu=*/true, job.args);  // its own step's arguments
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       std::lock_guard<std::mutex> lock(worker_.mu);
@@ -281,18 +282,59 @@ void ZeroEngine::worker_loop() {
     }
     {
       std::lock_guard<std::mutex> lock(worker_.mu);
-      worker_.cpu_s += seconds;
-      worker_.done.push_back(job.first);
+      worker_.cpu_s[job.step & 1] += seconds;
+      worker_.done_step[job.unit] = job.step;
     }
     worker_.cv.notify_all();
   }
 }
 
-size_t ZeroEngine::wait_cpu_update(size_t count) {
+void ZeroEngine::wait_cpu_update(size_t u) {
+  const int64_t step = outstanding_step_ > 0 ? outstanding_step_ : step_;
   std::unique_lock<std::mutex> lock(worker_.mu);
-  worker_.cv.wait(lock, [&] { return worker_.done.size() > count; });
+  worker_.cv.wait(lock, [&] { return worker_.error || worker_.done_step[u] >= step; });
   if (worker_.error) std::rethrow_exception(worker_.error);
-  return worker_.done[count];
+}
+
+bool ZeroEngine::cpu_update_done(size_t u) {
+  const int64_t step = outstanding_step_ > 0 ? outstanding_step_ : step_;
+  std::lock_guard<std::mutex> lock(worker_.mu);
+  return worker_.done_step[u] >= step;
+}
+
+void ZeroEngine::upload_unit(size_t i) {
+  Unit& u = units_[i];
+  const int stage = cfg_.zero_stage;
+  torch::Tensor own;
+  if (stage <= 2) own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+  if (!param_offload()) rt_.copy_to_device_on_comm(stage == 3 ? u.shard : own, u.staging);
+  if (stage <= 2) comm_.all_gather(own, u.full);
+  u.upload_event = rt_.record_comm_event();
+}
+
+void ZeroEngine::issue_uploads(size_t need) {
+  // Forward order on every rank (the collectives' order must agree); how far past `need`
+  // a rank gets depends on its worker only.
+  const size_t n = units_.size();
+  while (outstanding_step_ > 0 && upload_next_ < n) {
+    const size_t j = upload_next_;
+    if (j > need && !cpu_update_done(j)) break;
+    wait_cpu_update(j);
+    upload_unit(j);
+    ++upload_next_;
+  }
+  if (outstanding_step_ > 0 && upload_next_ == n) {
+    std::lock_guard<std::mutex> lock(worker_.mu);
+    outstanding_cpu_s_ = worker_.cpu_s[outstanding_step_ & 1];
+    outstanding_step_ = 0;
+  }
+}
+
+void ZeroEngine::finish_updates() {
+  if (outstanding_step_ == 0) return;
+  issue_uploads(units_.size() - 1);
+  rt_.compute_waits_for_comm();
+  rt_.synchronize();
 }
 
 // --- one step -------------------------------------------------------------------
@@ -320,9 +362,11 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   step_args_.grad_scale = 1.0f / static_cast<float>(world_ * cfg_.gas);
   if (offload()) {
     std::lock_guard<std::mutex> lock(worker_.mu);
-    worker_.done.clear();
-    worker_.cpu_s = 0;
+    worker_.cpu_s[step_ & 1] = 0;  // the previous step may still be adding to its own
   }
+  // Overlapped offload: the previous step's last updates go up during this step's first forward.
+  const bool awaiting_uploads = outstanding_step_ > 0;
+  std::vector<std::pair<int, int>> upload_waits;
 
   for (int64_t mb = 0; mb < cfg_.gas; ++mb) {
     const bool boundary = mb == cfg_.gas - 1;
@@ -336,10 +380,17 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
     // Forward, unit by unit; each unit's input is a leaf so that its backward can run on its own.
     std::vector<Saved> saved(n_units);
     torch::Tensor x;
-    if (stage == 3) gather(0);
     for (size_t i = 0; i < n_units; ++i) {
+      if (awaiting_uploads && mb == 0) {
+        const int a = rt_.mark();
+        issue_uploads(i);
+        if (stage <= 2) rt_.compute_waits_for_event(units_[i].upload_event);
+        upload_waits.emplace_back(a, rt_.mark());
+      }
       if (stage == 3) {
-        if (i + 1 < n_units) gather(i + 1);  // prefetch overlaps this unit's forward
+        gather(i);  // a no-op where prefetched
+        // Prefetch overlaps this unit's forward (once the next unit's update is up).
+        if (i + 1 < n_units && (outstanding_step_ == 0 || i + 1 < upload_next_)) gather(i + 1);
         wait_gathered(i, fwd_waits);
       }
       const UnitLayout& ul = *units_[i].layout;
@@ -397,7 +448,16 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   // Optimizer step on this rank's shard, then the parameters come back.
   const int m_opt = rt_.mark();
   int m_opt_end = m_opt;
-  if (offload()) {
+  if (offload() && cfg_.offload_overlap_forward) {
+    // Return now: the worker's backlog goes in forward order, for the next forward to take.
+    {
+      std::lock_guard<std::mutex> lock(worker_.mu);
+      std::stable_sort(worker_.queue.begin(), worker_.queue.end(),
+                       [](const Job& a, const Job& b) { return a.unit < b.unit; });
+    }
+    outstanding_step_ = step_;
+    upload_next_ = 0;
+  } else if (offload()) {
     // The worker has been updating units since their gradients reached the host: each one
     // it finishes goes back up (and is all-gathered) on the communication stream. Serial
     // offload: the backward has ended; every unit is updated, then every unit goes up.
@@ -410,14 +470,11 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
         }
       }
       worker_.cv.notify_all();
-      wait_cpu_update(n_units - 1);
     }
-    for (size_t count = 0; count < n_units; ++count) {
-      Unit& u = units_[wait_cpu_update(count)];
-      torch::Tensor own;
-      if (stage <= 2) own = u.full.narrow(0, opt_offset(u), opt_numel(u));
-      if (!param_offload()) rt_.copy_to_device_on_comm(stage == 3 ? u.shard : own, u.staging);
-      if (stage <= 2) comm_.all_gather(own, u.full);
+    // In the worker's order (the backward's), on every rank.
+    for (size_t k = n_units; k-- > 0;) {
+      wait_cpu_update(k);
+      upload_unit(k);
     }
     m_opt_end = rt_.mark();  // the compute stream reaches it once the last CPU update is done
     rt_.compute_waits_for_comm();
@@ -445,8 +502,9 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   r.loss = loss_sum.item<double>() / static_cast<double>(cfg_.gas * world_);
 
   StepTiming& t = r.time;
-  double fwd_wait = 0, bwd_wait = 0;
+  double fwd_wait = 0, bwd_wait = 0, upload_wait = 0;
   for (auto [a, b] : fwd_waits) fwd_wait += rt_.elapsed_s(a, b);
+  for (auto [a, b] : upload_waits) upload_wait += rt_.elapsed_s(a, b);
   for (auto [a, b] : bwd_waits) bwd_wait += rt_.elapsed_s(a, b);
   for (const MicroMarks& mm : marks) {
     t.forward += rt_.elapsed_s(mm.start, mm.fwd_end);
@@ -454,14 +512,18 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
     // With offload, the last micro-batch's exposed tail also holds the copies to the host.
     t.grad_comm += rt_.elapsed_s(mm.bwd_end, mm.comm_done);
   }
-  t.forward -= fwd_wait;
+  t.forward -= fwd_wait + upload_wait;
   t.backward -= bwd_wait;
   t.param_gather = fwd_wait + bwd_wait;
   t.optimizer = rt_.elapsed_s(m_opt, m_opt_end);  // exposed: with offload, what the backward did not hide
-  if (offload()) {
+  if (offload() && cfg_.offload_overlap_forward) {
+    // What this step's forward waited for: the previous step's last updates and uploads.
+    t.optimizer += upload_wait;
+    t.optimizer_cpu = outstanding_cpu_s_;  // the previous step's (this one's is still running)
+  } else if (offload()) {
     t.offload_transfer += rt_.elapsed_s(m_opt_end, m_end);  // the last uploads (and all-gathers)
     std::lock_guard<std::mutex> lock(worker_.mu);
-    t.optimizer_cpu = worker_.cpu_s;
+    t.optimizer_cpu = worker_.cpu_s[step_ & 1];
   } else {
     t.grad_comm += rt_.elapsed_s(m_opt_end, m_end);
   }
@@ -474,6 +536,7 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
 
 // --- parameters out, checkpoints -------------------------------------------------
 torch::Tensor ZeroEngine::full_params_fp32() {
+  finish_updates();
   std::vector<torch::Tensor> parts;
   for (Unit& u : units_) {
     torch::Tensor full = torch::empty({u.layout->padded_numel}, torch::dtype(torch::kFloat).device(rt_.device()));
@@ -492,6 +555,7 @@ torch::Tensor ZeroEngine::full_params_fp32() {
 }
 
 void ZeroEngine::save(const std::string& dir) {
+  finish_updates();
   fs::create_directories(dir);
   std::vector<torch::Tensor> tensors;
   for (Unit& u : units_)
@@ -505,6 +569,7 @@ void ZeroEngine::save(const std::string& dir) {
 }
 
 void ZeroEngine::load(const std::string& dir) {
+  finish_updates();
   const fs::path path = fs::path(dir) / ("rank" + std::to_string(rank_) + ".pt");
   if (!fs::exists(path))
     throw InputError(path.string() + ": no checkpoint for rank " + std::to_string(rank_) +

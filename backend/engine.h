@@ -19,7 +19,11 @@
 // memory as soon as its backward is done, a worker thread runs the CPU AdamW
 // on it while the backward of the earlier units continues, and the updated
 // parameters go back up (and, at stages 1-2, are all-gathered) unit by unit
-// as the worker finishes them.
+// as the worker finishes them. With offload_overlap_forward the step does not
+// wait for the last updates: at the end of the backward the worker's backlog is
+// put in forward order (the embedding, whose gradient comes last, first), and
+// the next step's forward uploads each unit just before it needs it, so that
+// the CPU's tail overlaps the next forward.
 //
 // Optimizers: AdamW with fp32 states, or 8-bit AdamW (block-wise quantised
 // moments, quant8.h) on the GPU or on the CPU; parameters of small tensors
@@ -118,6 +122,7 @@ class ZeroEngine {
     int64_t n8 = 0;           // leading parameters of the shard with 8-bit states
     bool gathered = false;
     int ready_event = -1;
+    int upload_event = -1;  // overlapped offload: its upload (and all-gather) is done
   };
   struct Saved {
     torch::Tensor x_in, out;
@@ -143,12 +148,18 @@ class ZeroEngine {
   void reduce_unit(size_t u, bool boundary);
   void drain_pending(size_t keep);
   void optimizer_step();
-  void update_unit(Unit& u, const void* grad, void* out, bool on_cpu);
+  void update_unit(Unit& u, const void* grad, void* out, bool on_cpu, const kernels::AdamWArgs& args);
   std::vector<torch::Tensor*> state_tensors(Unit& u);
   // The offload pipeline's worker.
   void enqueue_cpu_update(size_t u);
-  size_t wait_cpu_update(size_t count);  // blocks until `count` + 1 units are done; returns that unit
+  void wait_cpu_update(size_t u);  // blocks until unit u's update of the step in flight is done
+  bool cpu_update_done(size_t u);
   void worker_loop();
+  void upload_unit(size_t u);  // the updated shard up (stages 1-2: and all-gathered), on the comm stream
+  // Overlapped offload: uploads, in forward order, every unit up to `need` (waiting for the
+  // worker) and the following ones the worker has already finished.
+  void issue_uploads(size_t need);
+  void finish_updates();  // every outstanding update done and uploaded
 
   ModelSpec spec_;
   TrainConfig cfg_;
@@ -160,19 +171,29 @@ class ZeroEngine {
   std::vector<Unit> units_;
   std::deque<Pending> pending_;
   kernels::AdamWArgs step_args_;
+  struct Job {
+    size_t unit;
+    int64_t step;
+    kernels::AdamWArgs args;  // the step's (the next step may begin before the job runs)
+    std::function<void()> wait;  // for its gradient shard on the host
+  };
   struct Worker {
     std::thread thread;
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<std::pair<size_t, std::function<void()>>> queue;  // unit, wait for its gradient
-    std::deque<std::pair<size_t, std::function<void()>>> deferred;  // serial offload: held until the backward ends
-    std::vector<size_t> done;
-    double cpu_s = 0;
+    std::deque<Job> queue;
+    std::deque<Job> deferred;  // serial offload: held until the backward ends
+    std::vector<int64_t> done_step;  // per unit: the last step whose update is done
+    double cpu_s[2] = {0, 0};        // CPU optimizer seconds, by step parity
     bool stop = false;
     std::exception_ptr error;
   } worker_;
   torch::ScalarType work_dtype_;
   int64_t step_ = 0;
+  // Overlapped offload: the step whose updates are still going up, and the next unit to upload.
+  int64_t outstanding_step_ = 0;
+  size_t upload_next_ = 0;
+  double outstanding_cpu_s_ = 0;
   int rank_, world_;
 };
 

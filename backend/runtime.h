@@ -25,8 +25,9 @@ class Runtime {
   virtual void compute_waits_for_event(int event) = 0;
   virtual bool event_done(int event) = 0;
   virtual void host_waits_for_event(int event) = 0;
-  // A function another thread may call to wait for `event` (valid until the next reset_markers()).
-  virtual std::function<void()> host_waiter(int event) = 0;
+  // A function another thread may call, at any later time, to wait for the comm work
+  // enqueued so far (its own event: it outlives reset_markers() and the step).
+  virtual std::function<void()> comm_host_waiter() = 0;
   virtual void compute_waits_for_comm() = 0;
   virtual void* comm_stream() = 0;            // cudaStream_t, or nullptr on the CPU
   virtual void synchronize() = 0;             // host waits for both streams

@@ -19,7 +19,7 @@ class CpuRuntime final : public Runtime {
   void compute_waits_for_event(int) override {}
   bool event_done(int) override { return true; }
   void host_waits_for_event(int) override {}
-  std::function<void()> host_waiter(int) override { return [] {}; }
+  std::function<void()> comm_host_waiter() override { return [] {}; }
   void compute_waits_for_comm() override {}
   void* comm_stream() override { return nullptr; }
   void synchronize() override {}

@@ -3,6 +3,8 @@
 // parts (current stream, allocator statistics) only where LibTorch has CUDA.
 #include <cuda_runtime.h>
 
+#include <memory>
+
 #include <stdexcept>
 #include <vector>
 
@@ -76,9 +78,13 @@ class CudaRuntime final : public Runtime {
     return true;
   }
   void host_waits_for_event(int e) override { CUDA_CHECK(cudaEventSynchronize(events_.at(static_cast<size_t>(e)))); }
-  std::function<void()> host_waiter(int e) override {
-    cudaEvent_t ev = events_.at(static_cast<size_t>(e));  // the handle, not the vector that may grow
-    return [ev] { CUDA_CHECK(cudaEventSynchronize(ev)); };
+  std::function<void()> comm_host_waiter() override {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(e, comm_));
+    // Owned by the waiter (and its copies): destroyed with the last of them.
+    std::shared_ptr<CUevent_st> owned(e, [](cudaEvent_t ev) { cudaEventDestroy(ev); });
+    return [owned] { CUDA_CHECK(cudaEventSynchronize(owned.get())); };
   }
   void compute_waits_for_comm() override {
     CUDA_CHECK(cudaEventRecord(sync_event_, comm_));

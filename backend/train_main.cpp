@@ -63,6 +63,7 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
       c.seq_len = pc.at("seq_len").get<int64_t>();
       c.activation_checkpointing = pc.at("activation_checkpointing").get<bool>();
       c.offload_pipeline = pc.value("offload_pipeline", true);
+      c.offload_overlap_forward = pc.value("offload_overlap_forward", false);
     } catch (const nlohmann::json::exception& e) {
       throw InputError(f.plan + ": not a planner plan (" + std::string(e.what()) + ")");
     }
@@ -76,11 +77,7 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
   if (given("--micro-batch")) c.micro_batch = f.micro_batch;
   if (given("--gas")) c.gas = f.gas;
   if (given("--seq")) c.seq_len = f.seq;
-  if (given("--offload-pipeline")) {
-    if (f.offload_pipeline != "on" && f.offload_pipeline != "off")
-      throw InputError("--offload-pipeline \"" + f.offload_pipeline + "\" is not valid (valid: on, off)");
-    c.offload_pipeline = f.offload_pipeline == "on";
-  }
+  if (given("--offload-pipeline")) parse_offload_pipeline(f.offload_pipeline, "--offload-pipeline", c);
   if (given("--checkpointing")) {
     if (f.checkpointing != "on" && f.checkpointing != "off")
       throw InputError("--checkpointing \"" + f.checkpointing + "\" is not valid (valid: on, off)");
@@ -213,7 +210,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
                      {"precision", precision_name(cfg.precision)}, {"micro_batch", cfg.micro_batch}, {"gas", cfg.gas},
                      {"seq_len", cfg.seq_len}, {"gpus", cfg.gpus_per_node}, {"nodes", cfg.nodes},
                      {"activation_checkpointing", cfg.activation_checkpointing},
-                     {"offload_pipeline", cfg.offload_pipeline}};
+                     {"offload_pipeline", cfg.offload_pipeline},
+                     {"offload_overlap_forward", cfg.offload_overlap_forward}};
       j["step"] = r.step;
       j["warmup"] = s < f.warmup;
       j["loss"] = r.loss;
@@ -266,7 +264,8 @@ int main_impl(int argc, char** argv) {
   app.add_option("--seq", f.seq, "sequence length")->capture_default_str();
   app.add_option("--checkpointing", f.checkpointing, "on | off")->capture_default_str();
   app.add_option("--offload-pipeline", f.offload_pipeline,
-                 "on: the CPU optimizer updates each unit during the backward; off: after it (DeepSpeed's order)")
+                 "on: the CPU optimizer updates each unit during the backward; full: and the last updates "
+                 "go up during the next forward; off: after the backward (DeepSpeed's order)")
       ->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps to run")->capture_default_str();
   app.add_option("--warmup", f.warmup, "first steps flagged as warm-up in the JSONL")->capture_default_str();

@@ -15,7 +15,8 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          offload_name(c.offload_params) + " " + optimizer_name(c.optimizer) + " " + precision_name(c.precision) +
          " mb" + std::to_string(c.micro_batch) + " gas" + std::to_string(c.gas) + " seq" +
          std::to_string(c.seq_len) + " ckpt=" + (c.activation_checkpointing ? "1" : "0") +
-         (c.offload_optimizer == OffloadDevice::kCpu && !c.offload_pipeline ? " serial" : "");
+         (c.offload_optimizer == OffloadDevice::kCpu && !c.offload_pipeline ? " serial" : "") +
+         (c.offload_overlap_forward ? " overlap-fwd" : "");
 }
 
 namespace {
@@ -78,6 +79,7 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       cfg.nodes = c.at("nodes").get<int>();
       cfg.activation_checkpointing = c.at("activation_checkpointing").get<bool>();
       cfg.offload_pipeline = c.value("offload_pipeline", true);  // absent before serial offload existed
+      cfg.offload_overlap_forward = c.value("offload_overlap_forward", false);  // absent before it existed
       validate_config(cfg);
       const std::string model = j.at("model").get<std::string>();
       const std::string key = config_key(model, cfg);

@@ -58,6 +58,11 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // gradient shard is on the host: most of the last micro-batch's backward can hide it.
     {kCpuOptOverlapFrac, "cpu_opt_overlap_frac", 0.0, 1.0, 0.80, "1",
      "share of the last micro-batch's backward that hides the pipelined CPU optimizer"},
+    // With the pipeline's last updates overlapping the next forward, the forward takes
+    // the units in order as they come up: all of it but the last unit's forward can
+    // run behind the CPU (1 - 1/units: 0.97 for 32 layers + 2), less the waits.
+    {kFwdUploadOverlapFrac, "fwd_upload_overlap_frac", 0.0, 1.0, 0.90, "1",
+     "share of the next step's first forward that hides the offload tail (--offload-pipeline full)"},
     // torch fused AdamW, fp32, 1 Gi params in 9.0 ms = 28 B/param * 1.07e9 /
     // 9.0e-3 s = 3.34 TB/s of 4.8 TB/s = 0.70.
     {kGpuOptBwEffFrac, "gpu_opt_bw_eff_frac", 0.05, 1.0, 0.70, "1",

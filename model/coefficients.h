@@ -34,6 +34,7 @@ enum Coef : int {
   kPcieEffFrac,              // achieved fraction of the pinned PCIe bandwidth
   kOffloadOverlapFrac,       // share of backward time that can hide gradient copies to the host
   kCpuOptOverlapFrac,        // share of the last backward that hides the pipelined CPU optimizer
+  kFwdUploadOverlapFrac,     // share of the next forward that hides the rest (offload pipeline "full")
   // --- optimizer ------------------------------------------------------------
   kGpuOptBwEffFrac,          // GPU optimizer: achieved fraction of HBM bandwidth
   kGpuOptFlopsPerS,          // GPU optimizer: arithmetic rate of its kernels (8-bit decode/encode)

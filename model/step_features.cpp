@@ -204,6 +204,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // --- optimizer ---------------------------------------------------------------
   f.opt_on_cpu = offload_opt ? 1.0 : 0.0;
   f.opt_pipelined = c.offload_pipeline ? 1.0 : 0.0;
+  f.opt_overlap_fwd = c.offload_pipeline && c.offload_overlap_forward ? 1.0 : 0.0;
   f.opt_params_rank = shard_params;
   f.opt_bytes_per_param = optimizer_traffic_bytes(c.optimizer, c.precision, offload_opt);
   f.opt_flops_per_param = optimizer_flops(c.optimizer);

@@ -236,6 +236,15 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     const T hidden = coef[kCpuOptOverlapFrac] * bwd_s;
     tail_s = max0(detail::max2(optimizer_s, upload_s + post_gather_s) - hidden) + back_s;
     optimizer_exposed = max0(optimizer_s - hidden);
+    if (f.opt_overlap_fwd > 0.0) {
+      // The step returns; the next forward takes each unit as it comes up, in forward
+      // order, and hides up to a share of its own time. It cannot hide the first unit's
+      // update and upload (the embedding's gradient is the backward's last), which the
+      // tail without the overlap holds as well.
+      const T first_unit_s = (optimizer_s + upload_s + post_gather_s) / f.opt_pipeline_units;
+      tail_s = detail::min2(tail_s, detail::max2(tail_s - coef[kFwdUploadOverlapFrac] * fwd_s, first_unit_s));
+      optimizer_exposed = detail::min2(optimizer_exposed, tail_s);
+    }
   }
 
   // --- the step --------------------------------------------------------------

@@ -41,6 +41,8 @@ void validate_config(const TrainConfig& c) {
                      "parameters are updated on the host");
   if (c.offload_optimizer == OffloadDevice::kCpu && c.zero_stage == 0)
     throw InputError("--offload-optimizer cpu needs --stage 1, 2 or 3 (got --stage 0)");
+  if (c.offload_overlap_forward && !(c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline))
+    throw InputError("offload_overlap_forward (--offload-pipeline full) needs the pipelined CPU optimizer offload");
   if (c.micro_batch < 1) throw InputError("--micro-batch " + std::to_string(c.micro_batch) + " must be at least 1");
   if (c.gas < 1) throw InputError("--gas " + std::to_string(c.gas) + " must be at least 1");
   if (c.seq_len < 1) throw InputError("--seq " + std::to_string(c.seq_len) + " must be at least 1");
@@ -49,6 +51,18 @@ void validate_config(const TrainConfig& c) {
   if (c.micro_batch > (1 << 20) || c.gas > (1 << 20) || c.seq_len > (1 << 24) ||
       c.gpus_per_node > 4096 || c.nodes > 65536)
     throw InputError("a size is out of range (micro-batch, GAS <= 2^20, seq <= 2^24, gpus <= 4096, nodes <= 65536)");
+}
+
+const char* offload_pipeline_name(const TrainConfig& c) {
+  if (!c.offload_pipeline) return "off";
+  return c.offload_overlap_forward ? "full" : "on";
+}
+
+void parse_offload_pipeline(const std::string& text, const std::string& what, TrainConfig& c) {
+  if (text != "on" && text != "off" && text != "full")
+    throw InputError(what + " \"" + text + "\" is not valid (valid: off, on, full)");
+  c.offload_pipeline = text != "off";
+  c.offload_overlap_forward = text == "full";
 }
 
 std::string family_name(const TrainConfig& c) {

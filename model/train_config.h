@@ -31,6 +31,10 @@ struct TrainConfig {
   // gradient shard lands, during the backward; Stepcast's backend) or serial
   // (after the whole backward, then the uploads: how DeepSpeed's CPU Adam runs).
   bool offload_pipeline = true;
+  // Pipelined offload only: the step returns without waiting for the last CPU
+  // updates; the CPU finishes them in forward order and each unit goes up just
+  // before the next step's forward needs it ("--offload-pipeline full").
+  bool offload_overlap_forward = false;
 
   int world_size() const { return gpus_per_node * nodes; }
   int64_t global_batch() const { return micro_batch * gas * world_size(); }
@@ -42,6 +46,11 @@ const char* attention_name(AttentionKind a);
 OffloadDevice parse_offload(const std::string& text, const std::string& what);
 OptimizerKind parse_optimizer(const std::string& text, const std::string& what);
 AttentionKind parse_attention(const std::string& text, const std::string& what);
+// The CPU offload's order as one word: off (serial), on (pipelined over the backward),
+// full (also overlapping the next forward). parse sets offload_pipeline and
+// offload_overlap_forward; `what` names the flag or key in the error.
+const char* offload_pipeline_name(const TrainConfig& c);
+void parse_offload_pipeline(const std::string& text, const std::string& what, TrainConfig& c);
 
 // Throws InputError for combinations that make no sense (stage 5, parameter
 // offload below stage 3, optimizer offload at stage 0, non-positive sizes).

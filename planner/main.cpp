@@ -178,14 +178,18 @@ SearchRequest make_request(const CommonOptions& o, int64_t global_batch, const s
 }
 
 int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
-                  int top_k, bool no_offload, const std::string& engine) {
+                  int top_k, bool no_offload, const std::string& engine, const std::string& pipeline) {
   if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
   if (engine != "stepcast" && engine != "deepspeed")
     throw InputError("--engine \"" + engine + "\" is not valid (valid: stepcast, deepspeed)");
+  if (pipeline != "on" && pipeline != "full")
+    throw InputError("--offload-pipeline \"" + pipeline + "\" is not valid for recommend (valid: on, full; "
+                     "--engine deepspeed ranks DeepSpeed's serial order)");
   SearchRequest req = make_request(o, global_batch, optimizers);
   const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
   req.deepspeed_engine = engine == "deepspeed";
+  req.overlap_forward = pipeline == "full";
   SearchResult res = search_plans(req);
   ReportContext ctx{&req.model, &req.hardware, o.train_tokens};
 
@@ -197,7 +201,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     nlohmann::json j;
     j["model"] = model_to_json(req.model);
     j["hardware"] = hardware_to_json(req.hardware, base);
-    j["request"] = {{"global_batch", global_batch}, {"seq_len", base.seq_len}, {"engine", engine},
+    j["request"] = {{"global_batch", global_batch}, {"seq_len", base.seq_len}, {"engine", engine}, {"offload_pipeline", req.deepspeed_engine ? "off" : pipeline},
                     {"precision", precision_name(base.precision)}, {"top", top_k}};
     j["evaluated"] = res.evaluated;
     j["fitting"] = res.ranked.size();
@@ -287,9 +291,8 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   } else {
     throw InputError("--checkpointing \"" + e.checkpointing + "\" is not valid (valid: on, off)");
   }
-  if (e.offload_pipeline != "on" && e.offload_pipeline != "off")
-    throw InputError("--offload-pipeline \"" + e.offload_pipeline + "\" is not valid (valid: on, off)");
-  c.offload_pipeline = e.offload_pipeline == "on";
+  parse_offload_pipeline(e.offload_pipeline, "--offload-pipeline", c);
+  if (c.offload_optimizer != OffloadDevice::kCpu) c.offload_overlap_forward = false;  // the flag's default is for offload
   validate_config(c);
   ModelSpec model = resolve_model(o.model, data_dir(o));
   HardwareProfile hw = resolve_hardware(o.hardware, data_dir(o));
@@ -502,6 +505,11 @@ int main_impl(int argc, char** argv) {
                   "stepcast: rank for the Stepcast backend (pipelined offload, 8-bit offloaded states); "
                   "deepspeed: for DeepSpeed (serial fp32 CPU Adam)")
       ->capture_default_str();
+  std::string rec_pipeline = "on";
+  rec->add_option("--offload-pipeline", rec_pipeline,
+                  "Stepcast offload plans: on (CPU updates pipelined with the backward) or full (the last ones "
+                  "also overlap the next forward)")
+      ->capture_default_str();
 
   CommonOptions exp_opts;
   ExplainOptions e;
@@ -510,7 +518,8 @@ int main_impl(int argc, char** argv) {
   exp->add_option("--stage", e.stage, "ZeRO stage 0..3")->capture_default_str();
   exp->add_option("--offload-optimizer", e.offload_optimizer, "none | cpu (stages 1-3)")->capture_default_str();
   exp->add_option("--offload-pipeline", e.offload_pipeline,
-                  "on: CPU optimizer pipelined with the backward (Stepcast's backend); off: serial, after it (DeepSpeed)")
+                  "on: CPU optimizer pipelined with the backward (Stepcast's backend); full: its last updates also "
+                  "overlap the next forward; off: serial, after the backward (DeepSpeed)")
       ->capture_default_str();
   exp->add_option("--offload-params", e.offload_params, "none | cpu (stage 3)")->capture_default_str();
   exp->add_option("--optimizer", e.optimizer, "adamw | adamw8bit")->capture_default_str();
@@ -551,7 +560,7 @@ int main_impl(int argc, char** argv) {
     std::cerr << "planner: error: " << err.what() << " (see planner --help)\n";
     return 2;
   }
-  if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload, engine);
+  if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload, engine, rec_pipeline);
   if (exp->parsed()) return run_explain(exp_opts, e);
   if (val->parsed()) return run_validate(val_opts, val_global_batch, val_optimizers, vo);
   if (models->parsed()) return run_models(list_dir, list_json);

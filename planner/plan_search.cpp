@@ -139,6 +139,8 @@ SearchResult search_plans(const SearchRequest& req) {
                 c.optimizer = opt;
                 c.activation_checkpointing = ckpt;
                 c.offload_pipeline = !req.deepspeed_engine;
+                c.offload_overlap_forward =
+                    c.offload_pipeline && off_opt == OffloadDevice::kCpu && req.overlap_forward;
                 c.micro_batch = micro;
                 c.gas = gas;
                 Features f = make_features(req.model, req.hardware, c, req.limits);
@@ -289,6 +291,11 @@ std::vector<Lever> offload_levers(const SearchRequest& req, const Prediction& pl
     add("pipelined CPU optimizer (Stepcast backend)", t, req.limits);
     t = c;
   }
+  if (c.offload_pipeline && !c.offload_overlap_forward) {
+    t.offload_overlap_forward = true;
+    add("last CPU updates overlapping the next forward (--offload-pipeline full)", t, req.limits);
+    t = c;
+  }
   if (c.optimizer == OptimizerKind::kAdamW) {
     t.optimizer = OptimizerKind::kAdamW8bit;
     t.offload_pipeline = true;  // 8-bit offloaded states exist in the Stepcast backend only
@@ -318,6 +325,7 @@ std::vector<Lever> offload_levers(const SearchRequest& req, const Prediction& pl
   t = c;
   t.offload_params = OffloadDevice::kNone;
   t.offload_optimizer = OffloadDevice::kNone;
+  t.offload_overlap_forward = false;
   add("no offload (optimizer on the GPU)", t, req.limits);
   ResourceLimits more = req.limits;
   const Features f = make_features(req.model, req.hardware, c, req.limits);

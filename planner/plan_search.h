@@ -25,6 +25,9 @@ struct SearchRequest {
   // Rank for DeepSpeed instead of the Stepcast backend: its CPU Adam runs after the
   // backward (serial offload) and keeps fp32 states (no 8-bit offloaded states).
   bool deepspeed_engine = false;
+  // Stepcast backend: offload plans let the last CPU updates overlap the next forward
+  // (--offload-pipeline full) instead of ending the step.
+  bool overlap_forward = false;
   std::vector<bool> checkpointing = {false, true};
 };
 

@@ -95,6 +95,7 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                  {"global_batch", c.global_batch()},
                  {"activation_checkpointing", c.activation_checkpointing},
                  {"offload_pipeline", c.offload_pipeline},
+                 {"offload_overlap_forward", c.offload_overlap_forward},
                  {"attention", attention_name(c.attention)}};
   j["family"] = family_name(c);
   j["fits"] = p.fits;

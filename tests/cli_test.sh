@@ -117,6 +117,23 @@ scd = {key(p): p["throughput"]["tokens_per_s"] for p in off(sc)}
 common = [p for p in off(ds) if key(p) in scd]
 assert common and all(p["throughput"]["tokens_per_s"] < scd[key(p)] for p in common)
 PY
+# Offload pipeline "full": plans say so, never rank slower than "on", and "on" plans list it as a lever.
+expect_error "bad recommend pipeline" '--offload-pipeline "off" is not valid for recommend' recommend --model 6b --gpus 2 --offload-pipeline off
+"$PLANNER" recommend --model llama-2-7b --gpus 2 --top 200 --offload-pipeline full --json >"$TMP/full_rank.json" && ok || bad "recommend --offload-pipeline full"
+python3 - "$TMP/full_rank.json" "$TMP/sc_rank.json" <<'PY' && ok || bad "pipeline full ranking"
+import json, sys
+full, on = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert full["request"]["offload_pipeline"] == "full" and on["request"]["offload_pipeline"] == "on"
+off = lambda j: [p for p in j["plans"] if p["config"]["offload_optimizer"] == "cpu"]
+assert off(full) and all(p["config"]["offload_overlap_forward"] for p in off(full))
+assert all(not p["config"]["offload_overlap_forward"] for p in on["plans"])
+key = lambda p: json.dumps({k: v for k, v in p["config"].items() if k != "offload_overlap_forward"}, sort_keys=True)
+ond = {key(p): p["throughput"]["tokens_per_s"] for p in off(on)}
+common = [p for p in off(full) if key(p) in ond]
+assert common and all(p["throughput"]["tokens_per_s"] >= ond[key(p)] - 1e-6 for p in common)
+assert any(p["throughput"]["tokens_per_s"] > ond[key(p)] for p in common)
+PY
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert any('overlapping the next forward (--offload-pipeline full)' in l['lever'] and l['gain_frac'] >= 0 for l in j['offload_levers']['levers'])" "$TMP/sc_rank.json" && ok || bad "lever: pipeline full"
 "$PLANNER" models --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 12" && ok || bad "models --json"
 "$PLANNER" hardware --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 7" && ok || bad "hardware --json"
 "$PLANNER" --help >/dev/null && ok || bad "--help"

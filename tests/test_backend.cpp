@@ -300,7 +300,35 @@ TEST_CASE("serial CPU offload (DeepSpeed's order) updates exactly as the pipelin
   CHECK(runs[0].key.find(" serial") != std::string::npos);
   std::string err;
   CHECK(train(common + " --offload-pipeline sometimes", &err) == 2);
-  CHECK(err.find("--offload-pipeline \"sometimes\" is not valid") != std::string::npos);
+  CHECK(err.find("--offload-pipeline \"sometimes\" is not valid (valid: off, on, full)") != std::string::npos);
+}
+
+TEST_CASE("offload pipeline full: the last updates overlap the next forward, with the same parameters") {
+  // The same CPU kernels on the same gradient shards; only the uploads move into the next
+  // step's forward (forward order, on both ranks). The dump after the last step must wait
+  // for its outstanding updates.
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    std::string common = std::string(kBase) + ranks() + " --gas 2 --offload-optimizer cpu --stage " +
+                         std::to_string(stage);
+    if (stage == 3) common += " --optimizer adamw8bit --offload-params cpu";
+    const fs::path a = tmpdir() / "piped_on.pt", b = tmpdir() / "piped_full.pt";
+    REQUIRE(train(common + " --dump-params " + a.string()) == 0);
+    const fs::path log = tmpdir() / "full.jsonl";
+    fs::remove(log);
+    REQUIRE(train(common + " --offload-pipeline full --dump-params " + b.string() + " --json-out " + log.string()) == 0);
+    CHECK(torch::equal(load_params(a), load_params(b)));
+    std::ifstream in(log);
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    CHECK(nlohmann::json::parse(line)["config"]["offload_overlap_forward"] == true);
+    const auto runs = calibrate::load_runs({log}, test::data_dir());
+    REQUIRE(runs.size() == 1);
+    CHECK(runs[0].key.find(" overlap-fwd") != std::string::npos);
+  }
+  std::string err;
+  CHECK(train(std::string(kBase) + " --offload-pipeline full", &err) == 2);  // no offload to overlap
+  CHECK(err.find("needs the pipelined CPU optimizer offload") != std::string::npos);
 }
 
 TEST_CASE("training moves the parameters far more than the tolerance above") {
@@ -367,9 +395,11 @@ TEST_CASE("8-bit AdamW: stage 2 with CPU offload equals stage 0 on the device; i
 TEST_CASE("a checkpoint saved and resumed continues the same loss curve") {
   for (int stage : {1, 3}) {
     CAPTURE(stage);
-    // Stage 3 resumes 8-bit states (codes and absmax) as well.
+    // Stage 3 resumes 8-bit states (codes and absmax) as well, and overlaps its last updates
+    // with the next forward: the save must wait for them.
     const std::string common = std::string(kBase) + ranks() + " --gas 2 --offload-optimizer cpu --stage " +
-                               std::to_string(stage) + (stage == 3 ? " --optimizer adamw8bit" : "");
+                               std::to_string(stage) +
+                               (stage == 3 ? " --optimizer adamw8bit --offload-pipeline full" : "");
     const fs::path straight = tmpdir() / "straight.jsonl", resumed = tmpdir() / "resumed.jsonl";
     const fs::path ck = tmpdir() / ("ckpt" + std::to_string(stage));
     fs::remove(straight);

@@ -259,6 +259,43 @@ TEST_CASE("serial CPU offload (DeepSpeed's order) exposes the whole optimizer; t
         piped.time.optimizer_total + piped.time.offload_transfer_total + piped.time.grad_comm_total);
 }
 
+TEST_CASE("offload pipeline full: the next forward hides the tail, never more than itself, never less than nothing") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  for (int64_t gas : {1, 4}) {
+    for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kAdamW8bit}) {
+      CAPTURE(gas);
+      CAPTURE(optimizer_name(opt));
+      TrainConfig c = config(2, 2, 4, gas);
+      c.offload_optimizer = OffloadDevice::kCpu;
+      c.optimizer = opt;
+      const Prediction on = evaluate(m, hw, c);
+      c.offload_overlap_forward = true;
+      const Prediction full = evaluate(m, hw, c);
+      // Same work; only the tail after the last backward shrinks.
+      CHECK(full.time.optimizer_total == doctest::Approx(on.time.optimizer_total));
+      CHECK(full.time.gas == doctest::Approx(on.time.gas));
+      const double tail_on = on.time.opt - on.time.backward / static_cast<double>(gas) -
+                             on.time.forward / static_cast<double>(gas);
+      const double saved = on.time.step - full.time.step;
+      // Hand bound: what it hides is at most one micro-batch's forward (the one running
+      // behind the CPU) and at most the tail itself.
+      CHECK(saved >= -1e-12);
+      CHECK(saved <= on.time.forward / static_cast<double>(gas) + 1e-12);
+      CHECK(saved <= tail_on + 1e-12);
+    }
+  }
+  // Where the CPU is the bottleneck (fp32 states, GAS 1) the tail is longer than a forward:
+  // the forward hides fwd_upload_overlap_frac of itself.
+  TrainConfig c = config(2, 2, 4, 1);
+  c.offload_optimizer = OffloadDevice::kCpu;
+  const Prediction on = evaluate(m, hw, c);
+  c.offload_overlap_forward = true;
+  const Prediction full = evaluate(m, hw, c);
+  CHECK(on.time.step - full.time.step ==
+        doctest::Approx(hw.coefs[kFwdUploadOverlapFrac] * on.time.forward).epsilon(1e-9));
+}
+
 TEST_CASE("the founding report's OPT time is DeepSpeed's serial offload") {
   // Founding report (../shared/seed): GPT-J-6B on 2 x A40, ZeRO-3 with DeepSpeed's CPU Adam,
   // fp32, checkpointing, micro-batch 4, sequence 2048, 8 vCPUs: OPT time 23.50 s at GAS 2 and
