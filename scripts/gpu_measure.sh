@@ -2,7 +2,7 @@
 # Measures the backend on the GPU machine: each line of a run list is one
 # `train` configuration; every step is appended as JSON to $OUT/runs.jsonl,
 # the console to $OUT/train.log. Run after scripts/gpu_build.sh (same shell).
-#   bash scripts/gpu_measure.sh LIST_FILE [STEPS]
+#   [TIMEOUT_S=300] bash scripts/gpu_measure.sh LIST_FILE [STEPS]
 # A list line: MODEL NPROC then train flags, e.g.
 #   llama-2-7b 2 --stage 3 --micro-batch 4 --gas 4
 set -uo pipefail
@@ -18,7 +18,7 @@ while read -r model nproc flags; do
   if (( nproc > NGPU )); then echo "skip (needs $nproc GPUs): $model $flags" | tee -a "$OUT/train.log"; continue; fi
   echo "=== $model nproc=$nproc $flags" | tee -a "$OUT/train.log"
   start=$(date +%s)
-  timeout 300 build-gpu/backend/train --model "$model" --nproc "$nproc" --seq 2048 --steps "$STEPS" --warmup 1 \
+  timeout "${TIMEOUT_S:-300}" build-gpu/backend/train --model "$model" --nproc "$nproc" --seq 2048 --steps "$STEPS" --warmup 1 \
     --json-out "$OUT/runs.jsonl" $flags >>"$OUT/train.log" 2>&1
   echo "rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/train.log"
   tail -n "$((STEPS))" "$OUT/train.log" | head -n "$STEPS" | tail -n 2
