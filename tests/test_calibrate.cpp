@@ -278,19 +278,18 @@ TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
 
 TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   // data/hardware/h200-sxm.toml was written by (in data/runs/h200-sxm)
-  //   calibrate fit --runs 2026-11-30_calibration_v2_micro.jsonl 2026-11-29_backend_v1_b.jsonl
-  //                        2026-11-29_backend_v1_c_gptj.jsonl 2026-11-30_backend_v2_a.jsonl
-  //                        2026-11-30_backend_v2_b.jsonl 2026-11-30_validate_6b.jsonl
-  //                        2026-11-30_calibration_v2.jsonl --hardware h200-sxm
+  //   calibrate fit --runs 2026-11-30_calibration_v3_micro.jsonl 2026-11-29_backend_v1_b.jsonl
+  //                        2026-11-29_backend_v1_c_gptj.jsonl 2026-11-30_validate_6b.jsonl
+  //                        2026-11-30_calibration_v3.jsonl 2026-11-30_offload_overlap.jsonl
+  //                        --hardware h200-sxm
   // (hold-out fraction 0.25, seed 1): the component fit on the micro-benchmarks,
   // then the end-to-end fit. Refit both stages and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
   const fs::path d = test::data_dir() / "runs/h200-sxm";
-  const std::vector<fs::path> files = {d / "2026-11-30_calibration_v2_micro.jsonl", d / "2026-11-29_backend_v1_b.jsonl",
-                                       d / "2026-11-29_backend_v1_c_gptj.jsonl",    d / "2026-11-30_backend_v2_a.jsonl",
-                                       d / "2026-11-30_backend_v2_b.jsonl",         d / "2026-11-30_validate_6b.jsonl",
-                                       d / "2026-11-30_calibration_v2.jsonl"};
+  const std::vector<fs::path> files = {d / "2026-11-30_calibration_v3_micro.jsonl", d / "2026-11-29_backend_v1_b.jsonl",
+                                       d / "2026-11-29_backend_v1_c_gptj.jsonl",    d / "2026-11-30_validate_6b.jsonl",
+                                       d / "2026-11-30_calibration_v3.jsonl",       d / "2026-11-30_offload_overlap.jsonl"};
   const auto runs = load_runs(files, test::data_dir());
   const auto micro = load_micro(files);
   REQUIRE(micro.size() > 100);
