@@ -34,17 +34,29 @@ STEPCAST_TARGET_AVX512 inline __m512 load_grad16(GradIn g, int64_t i) {
 
 // out[i .. i+15] = x, as bf16 (round to nearest even: bits + 0x7fff + ((bits >> 16) & 1),
 // keep the high half) or fp32. out may be null.
+// kStream: non-temporal stores (the copy is read next by the GPU's DMA engine, not by this
+// core: its lines skip the read for ownership and stay out of the cache); out + i must then be
+// 64-byte aligned (fp32) or 32-byte aligned (bf16), and the writer must _mm_sfence() before
+// another thread reads the copy (parallel_chunks does).
+template <bool kStream = false>
 STEPCAST_TARGET_AVX512 inline void store_out16(void* out, kernels::DType od, int64_t i, __m512 x) {
   if (!out) return;
   if (od == kernels::DType::kFloat32) {
-    _mm512_storeu_ps(static_cast<float*>(out) + i, x);
+    if constexpr (kStream) _mm512_stream_ps(static_cast<float*>(out) + i, x);
+    else _mm512_storeu_ps(static_cast<float*>(out) + i, x);
     return;
   }
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), _mm512_cvtepi32_epi16(r));
+  __m256i* dst = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i);
+  if constexpr (kStream) _mm256_stream_si256(dst, _mm512_cvtepi32_epi16(r));
+  else _mm256_storeu_si256(dst, _mm512_cvtepi32_epi16(r));
 }
+
+// Whether the output copy takes non-temporal stores: 64-byte aligned (every chunk and block
+// starts at a multiple of 64 elements from it), unless STEPCAST_CPU_STREAM=0 (for comparison).
+bool can_stream(const void* out);
 
 struct AdamWRegs8 {
   __m256 b1, b2, omb1, omb2, ibc2, eps, ss, dec, sc;

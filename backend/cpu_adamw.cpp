@@ -51,9 +51,13 @@ void parallel_chunks(int64_t n, int64_t align, Fn&& fn) {
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) {
     const int64_t b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e) pool.emplace_back([&fn, b, e] { fn(b, e); });
+    if (b < e) pool.emplace_back([&fn, b, e] {
+      fn(b, e);
+      _mm_sfence();  // non-temporal stores visible before the join
+    });
   }
   fn(int64_t{0}, std::min(n, chunk));
+  _mm_sfence();
   for (auto& th : pool) th.join();
 }
 
@@ -65,6 +69,7 @@ void adamw_scalar(float* p, float* m, float* v, GradIn g, void* out, kernels::DT
 }
 
 // AVX-512: 16 parameters per iteration; one pass over p, m, v, g and the output.
+template <bool kStream>
 STEPCAST_TARGET_AVX512 void adamw_avx512(float* p, float* m, float* v, GradIn g, void* out, kernels::DType od,
                                          int64_t b, int64_t e, const Consts& c) {
   const AdamWRegs16 k = adamw_regs16(c);
@@ -79,7 +84,7 @@ STEPCAST_TARGET_AVX512 void adamw_avx512(float* p, float* m, float* v, GradIn g,
     _mm512_storeu_ps(p + i, x);
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
-    store_out16(out, od, i, x);
+    store_out16<kStream>(out, od, i, x);
   }
   adamw_scalar(p, m, v, g, out, od, i, e, c);
 }
@@ -181,6 +186,17 @@ void cpu_parallel_for(int64_t n, int64_t align, const std::function<void(int64_t
   parallel_chunks(n, align, fn);
 }
 
+bool can_stream(const void* out) {
+  static const bool allowed = [] {
+    const char* env = std::getenv("STEPCAST_CPU_STREAM");
+    if (!env || !*env) return true;
+    const std::string e(env);
+    if (e != "0" && e != "1") throw InputError("STEPCAST_CPU_STREAM=\"" + e + "\" is not valid (valid: 0, 1)");
+    return e == "1";
+  }();
+  return allowed && out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
+}
+
 void set_cpu_threads(int threads) { g_threads = threads; }
 int cpu_threads() { return g_threads > 0 ? g_threads : static_cast<int>(std::thread::hardware_concurrency()); }
 
@@ -189,9 +205,13 @@ void cpu_adamw(float* master, float* m, float* v, const void* grad_ptr, kernels:
   const Consts c = consts_of(a);
   const GradIn grad{grad_ptr, grad_dtype};
   if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW);
+  const bool stream = can_stream(out);
   parallel_chunks(n, 64, [&](int64_t b, int64_t e) {
     switch (level) {
-      case SimdLevel::kAvx512: adamw_avx512(master, m, v, grad, out, out_dtype, b, e, c); break;
+      case SimdLevel::kAvx512:
+        if (stream) adamw_avx512<true>(master, m, v, grad, out, out_dtype, b, e, c);
+        else adamw_avx512<false>(master, m, v, grad, out, out_dtype, b, e, c);
+        break;
       case SimdLevel::kAvx2: adamw_avx2(master, m, v, grad, out, out_dtype, b, e, c); break;
       default: adamw_scalar(master, m, v, grad, out, out_dtype, b, e, c); break;
     }

@@ -203,20 +203,22 @@ AVX512 inline void store_codes64(uint8_t* q, __m512i a, __m512i b, __m512i c, __
 // The bf16 copy: the AVX512_BF16 conversion where the CPU has it (round to nearest
 // even; it also flushes fp32 denormals, which parameters are not), else the integer
 // rounding of store_out16. Inline assembly, so that this function needs no BF16 target.
-template <bool kNativeBf16>
+template <bool kNativeBf16, bool kStream>
 AVX512 inline void store_out16_8bit(void* out, kernels::DType od, int64_t i, __m512 x) {
   if constexpr (kNativeBf16) {
     if (out && od == kernels::DType::kBFloat16) {
       __m256i h;
       asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), h);
+      __m256i* dst = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i);
+      if constexpr (kStream) _mm256_stream_si256(dst, h);
+      else _mm256_storeu_si256(dst, h);
       return;
     }
   }
-  store_out16(out, od, i, x);
+  store_out16<kStream>(out, od, i, x);
 }
 
-template <bool kNativeBf16>
+template <bool kNativeBf16, bool kStream>
 AVX512 void block_avx512(const Block8& b, const Consts& c) {
   alignas(64) float mb[kBlock], vb[kBlock];
   static const DecodeTable sdec = decode_table(quant8::signed_magnitudes(), 24);
@@ -267,7 +269,7 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
     vmax_m = _mm512_max_ps(vmax_m, mi);
     vmin_m = _mm512_min_ps(vmin_m, mi);
     vmax_v = _mm512_max_ps(vmax_v, vi);
-    store_out16_8bit<kNativeBf16>(b.out, b.od, i, x);
+    store_out16_8bit<kNativeBf16, kStream>(b.out, b.od, i, x);
   }
   float max_m = std::max(_mm512_reduce_max_ps(vmax_m), -_mm512_reduce_min_ps(vmin_m));
   float max_v = _mm512_reduce_max_ps(vmax_v);
@@ -440,6 +442,7 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
   }();
   const int64_t gsize = grad_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
+  const bool stream = can_stream(out);
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; s += kBlock) {
       const int64_t k = s / kBlock;
@@ -454,8 +457,8 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                std::min(kBlock, n - s)};
       switch (level) {
         case SimdLevel::kAvx512:
-          if (has_bf16) block_avx512<true>(b, c);
-          else block_avx512<false>(b, c);
+          if (has_bf16) stream ? block_avx512<true, true>(b, c) : block_avx512<true, false>(b, c);
+          else stream ? block_avx512<false, true>(b, c) : block_avx512<false, false>(b, c);
           break;
         case SimdLevel::kAvx2: block_avx2(b, c); break;
         default: block_scalar(b, c); break;

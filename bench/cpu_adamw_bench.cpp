@@ -77,7 +77,7 @@ double bound_bytes_per_s(int64_t n, int threads, int repeats) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const int64_t n = stepcast::bench::positive_arg(argc, argv, 1, "params", int64_t{32} << 20);
   const int threads = static_cast<int>(
       stepcast::bench::positive_arg(argc, argv, 2, "threads", std::thread::hardware_concurrency()));
@@ -175,4 +175,13 @@ int main(int argc, char** argv) {
               "8-bit (best) vs our fp32: %.2fx (goal >= 1.7x)\n",
               ref / rows[fp32_best].s, rows[fp32_best].s / rows[q8_best].s);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpu_adamw_bench: %s\n", e.what());
+    return 2;
+  }
 }
