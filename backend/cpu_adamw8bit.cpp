@@ -203,22 +203,23 @@ AVX512 inline void store_codes64(uint8_t* q, __m512i a, __m512i b, __m512i c, __
 // The bf16 copy: the AVX512_BF16 conversion where the CPU has it (round to nearest
 // even; it also flushes fp32 denormals, which parameters are not), else the integer
 // rounding of store_out16. Inline assembly, so that this function needs no BF16 target.
-template <bool kNativeBf16, bool kStream>
+// Plain stores: with the fp32 kernel's non-temporal stores (half lines, interleaved with
+// this kernel's two passes) the 8-bit update ran 2.1x slower at 16 threads on the H200
+// host's Xeon (2.98 against 6.27 Gparam/s, same run).
+template <bool kNativeBf16>
 AVX512 inline void store_out16_8bit(void* out, kernels::DType od, int64_t i, __m512 x) {
   if constexpr (kNativeBf16) {
     if (out && od == kernels::DType::kBFloat16) {
       __m256i h;
       asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x));
-      __m256i* dst = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i);
-      if constexpr (kStream) _mm256_stream_si256(dst, h);
-      else _mm256_storeu_si256(dst, h);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), h);
       return;
     }
   }
-  store_out16<kStream>(out, od, i, x);
+  store_out16(out, od, i, x);
 }
 
-template <bool kNativeBf16, bool kStream>
+template <bool kNativeBf16>
 AVX512 void block_avx512(const Block8& b, const Consts& c) {
   alignas(64) float mb[kBlock], vb[kBlock];
   static const DecodeTable sdec = decode_table(quant8::signed_magnitudes(), 24);
@@ -241,7 +242,6 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
                ss = _mm512_set1_ps(c.step_size), tiny = _mm512_set1_ps(FLT_MIN);
   const __m512i sign_bit = _mm512_set1_epi32(INT32_MIN), magnitude_bits = _mm512_set1_epi32(0x7F000000);
   __m512 vmax_m = _mm512_setzero_ps(), vmin_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
-  __m256i pending_out = _mm256_setzero_si256();
   const int64_t body = b.n / 16 * 16;
   for (int64_t i = 0; i < body; i += 16) {
     // b1 m_old: the magnitude bits as f = (code & 0x7F) << 24, the sign (bit 7) flips the value.
@@ -270,27 +270,7 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
     vmax_m = _mm512_max_ps(vmax_m, mi);
     vmin_m = _mm512_min_ps(vmin_m, mi);
     vmax_v = _mm512_max_ps(vmax_v, vi);
-    if constexpr (kStream && kNativeBf16) {
-      // Whole 64-byte lines: two iterations' bf16 halves per non-temporal store (a half-line
-      // stream competes with the loads for fill buffers and is flushed partial: measured 2x
-      // slower at 16 threads on the H200 host's Xeon).
-      if (b.out && b.od == kernels::DType::kBFloat16) {
-        __m256i h;
-        asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x));
-        if ((i & 16) == 0) {
-          pending_out = h;
-        } else {
-          _mm512_stream_si512(reinterpret_cast<__m512i*>(static_cast<uint16_t*>(b.out) + i - 16),
-                              _mm512_inserti64x4(_mm512_castsi256_si512(pending_out), h, 1));
-        }
-        continue;
-      }
-    }
-    store_out16_8bit<kNativeBf16, kStream>(b.out, b.od, i, x);
-  }
-  if constexpr (kStream && kNativeBf16) {
-    if (b.out && b.od == kernels::DType::kBFloat16 && (body & 16) != 0)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(b.out) + body - 16), pending_out);
+    store_out16_8bit<kNativeBf16>(b.out, b.od, i, x);
   }
   float max_m = std::max(_mm512_reduce_max_ps(vmax_m), -_mm512_reduce_min_ps(vmin_m));
   float max_v = _mm512_reduce_max_ps(vmax_v);
@@ -463,8 +443,6 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
   }();
   const int64_t gsize = grad_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
-  // Non-temporal stores in whole lines only: fp32 copies, or bf16 with the native conversion.
-  const bool stream = can_stream(out) && (out_dtype == kernels::DType::kFloat32 || has_bf16);
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; s += kBlock) {
       const int64_t k = s / kBlock;
@@ -479,8 +457,8 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                std::min(kBlock, n - s)};
       switch (level) {
         case SimdLevel::kAvx512:
-          if (has_bf16) stream ? block_avx512<true, true>(b, c) : block_avx512<true, false>(b, c);
-          else stream ? block_avx512<false, true>(b, c) : block_avx512<false, false>(b, c);
+          if (has_bf16) block_avx512<true>(b, c);
+          else block_avx512<false>(b, c);
           break;
         case SimdLevel::kAvx2: block_avx2(b, c); break;
         default: block_scalar(b, c); break;
