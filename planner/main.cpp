@@ -126,6 +126,7 @@ std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec
   if (plan.config.offload_optimizer == OffloadDevice::kCpu && plan.config.offload_pipeline) {
     TrainConfig ds = plan.config;
     ds.offload_pipeline = false;
+    ds.offload_overlap_forward = false;
     ds.optimizer = OptimizerKind::kAdamW;
     const Prediction d = evaluate(model, hw, ds, limits_of(o));
     char buf[320];

@@ -134,6 +134,9 @@ assert common and all(p["throughput"]["tokens_per_s"] >= ond[key(p)] - 1e-6 for 
 assert any(p["throughput"]["tokens_per_s"] > ond[key(p)] for p in common)
 PY
 python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert any('overlapping the next forward (--offload-pipeline full)' in l['lever'] and l['gain_frac'] >= 0 for l in j['offload_levers']['levers'])" "$TMP/sc_rank.json" && ok || bad "lever: pipeline full"
+"$PLANNER" recommend --model llama-2-7b --gpus 2 --offload-pipeline full --no-offload --deepspeed-config "$TMP/ds_full_none.json" >/dev/null && ok || bad "recommend full, no offload"
+"$PLANNER" explain --model llama-2-7b --gpus 2 --stage 2 --offload-optimizer cpu --optimizer adamw8bit --micro-batch 8 --gas 4 --offload-pipeline full --deepspeed-config "$TMP/ds_full.json" >"$TMP/ds_full.out" && ok || bad "explain full with a DeepSpeed config"
+grep -q "under DeepSpeed" "$TMP/ds_full.out" && ok || bad "DeepSpeed note for a full-pipeline plan"
 "$PLANNER" models --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 12" && ok || bad "models --json"
 "$PLANNER" hardware --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 7" && ok || bad "hardware --json"
 "$PLANNER" --help >/dev/null && ok || bad "--help"
