@@ -281,50 +281,49 @@ TEST_CASE("the other families: GPT-NeoX and GPT-J, stage 3 + offload equals stag
   }
 }
 
-TEST_CASE("serial CPU offload (DeepSpeed's order) updates exactly as the pipelined one") {
-  // The same CPU kernels on the same gradient shards, only later: identical parameters.
-  const std::string common = std::string(kBase) + ranks() + " --gas 2 --stage 2 --offload-optimizer cpu";
-  const fs::path a = tmpdir() / "piped.pt", b = tmpdir() / "serial.pt";
+namespace {
+
+// Runs `common` with the default pipeline and with `--offload-pipeline <mode>`: the same CPU
+// kernels on the same gradient shards, only at other times, so the parameters must be
+// identical. The run's first JSONL record must carry config[json_key] == json_value, and
+// its run key `key_marker` (the records keep the orders apart).
+void check_same_as_pipelined(const std::string& common, const std::string& mode, const char* json_key,
+                             bool json_value, const std::string& key_marker) {
+  const fs::path a = tmpdir() / "piped.pt", b = tmpdir() / ("piped_" + mode + ".pt");
   REQUIRE(train(common + " --dump-params " + a.string()) == 0);
-  const fs::path log = tmpdir() / "serial.jsonl";
+  const fs::path log = tmpdir() / (mode + ".jsonl");
   fs::remove(log);
-  REQUIRE(train(common + " --offload-pipeline off --dump-params " + b.string() + " --json-out " + log.string()) == 0);
+  REQUIRE(train(common + " --offload-pipeline " + mode + " --dump-params " + b.string() + " --json-out " +
+                log.string()) == 0);
   CHECK(torch::equal(load_params(a), load_params(b)));
-  // The run says which order it ran, and the records keep serial runs apart.
   std::ifstream in(log);
   std::string line;
   REQUIRE(std::getline(in, line));
-  CHECK(nlohmann::json::parse(line)["config"]["offload_pipeline"] == false);
+  CHECK(nlohmann::json::parse(line)["config"][json_key] == json_value);
   const auto runs = calibrate::load_runs({log}, test::data_dir());
   REQUIRE(runs.size() == 1);
-  CHECK(runs[0].key.find(" serial") != std::string::npos);
+  CHECK(runs[0].key.find(key_marker) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("serial CPU offload (DeepSpeed's order) updates exactly as the pipelined one") {
+  const std::string common = std::string(kBase) + ranks() + " --gas 2 --stage 2 --offload-optimizer cpu";
+  check_same_as_pipelined(common, "off", "offload_pipeline", false, " serial");
   std::string err;
   CHECK(train(common + " --offload-pipeline sometimes", &err) == 2);
   CHECK(err.find("--offload-pipeline \"sometimes\" is not valid (valid: off, on, full)") != std::string::npos);
 }
 
 TEST_CASE("offload pipeline full: the last updates overlap the next forward, with the same parameters") {
-  // The same CPU kernels on the same gradient shards; only the uploads move into the next
-  // step's forward (forward order, on both ranks). The dump after the last step must wait
-  // for its outstanding updates.
+  // Only the uploads move into the next step's forward (forward order, on both ranks); the
+  // dump after the last step must wait for its outstanding updates.
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     std::string common = std::string(kBase) + ranks() + " --gas 2 --offload-optimizer cpu --stage " +
                          std::to_string(stage);
     if (stage == 3) common += " --optimizer adamw8bit --offload-params cpu";
-    const fs::path a = tmpdir() / "piped_on.pt", b = tmpdir() / "piped_full.pt";
-    REQUIRE(train(common + " --dump-params " + a.string()) == 0);
-    const fs::path log = tmpdir() / "full.jsonl";
-    fs::remove(log);
-    REQUIRE(train(common + " --offload-pipeline full --dump-params " + b.string() + " --json-out " + log.string()) == 0);
-    CHECK(torch::equal(load_params(a), load_params(b)));
-    std::ifstream in(log);
-    std::string line;
-    REQUIRE(std::getline(in, line));
-    CHECK(nlohmann::json::parse(line)["config"]["offload_overlap_forward"] == true);
-    const auto runs = calibrate::load_runs({log}, test::data_dir());
-    REQUIRE(runs.size() == 1);
-    CHECK(runs[0].key.find(" overlap-fwd") != std::string::npos);
+    check_same_as_pipelined(common, "full", "offload_overlap_forward", true, " overlap-fwd");
   }
   std::string err;
   CHECK(train(std::string(kBase) + " --offload-pipeline full", &err) == 2);  // no offload to overlap
