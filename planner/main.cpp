@@ -325,6 +325,7 @@ struct ValidateOptions {
   std::string train;   // path of the train binary (default: beside this build's planner)
   std::string device = "auto";
   std::string append;  // JSONL to append the runs to (for a refit); default: a temporary file
+  std::string pipeline = "full";  // offload plans: as recommend's --offload-pipeline
 };
 
 std::string shell_quote(const std::string& s) {
@@ -337,7 +338,10 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
   namespace fs = std::filesystem;
   if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
   if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
+  if (v.pipeline != "on" && v.pipeline != "full")
+    throw InputError("--offload-pipeline \"" + v.pipeline + "\" is not valid for validate (valid: on, full)");
   SearchRequest req = make_request(o, global_batch, optimizers);
+  req.overlap_forward = v.pipeline == "full";
   const TrainConfig& base = req.base;
   SearchResult res = search_plans(req);
   if (res.ranked.empty()) throw InputError("nothing fits: no plan to validate");
@@ -506,7 +510,7 @@ int main_impl(int argc, char** argv) {
                   "stepcast: rank for the Stepcast backend (pipelined offload, 8-bit offloaded states); "
                   "deepspeed: for DeepSpeed (serial fp32 CPU Adam)")
       ->capture_default_str();
-  std::string rec_pipeline = "on";
+  std::string rec_pipeline = "full";
   rec->add_option("--offload-pipeline", rec_pipeline,
                   "Stepcast offload plans: on (CPU updates pipelined with the backward) or full (the last ones "
                   "also overlap the next forward)")
@@ -541,6 +545,7 @@ int main_impl(int argc, char** argv) {
   val->add_option("--train", vo.train, "path of the train binary");
   val->add_option("--device", vo.device, "auto | cpu | cuda")->capture_default_str();
   val->add_option("--append", vo.append, "append the runs to this JSONL (calibration data for a refit)");
+  val->add_option("--offload-pipeline", vo.pipeline, "offload plans: full or on, as in recommend")->capture_default_str();
 
   std::string list_dir;
   bool list_json = false;

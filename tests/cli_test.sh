@@ -112,15 +112,16 @@ assert all(not p["config"]["offload_pipeline"] and p["config"]["optimizer"] == "
 assert all(p["config"]["offload_pipeline"] for p in off(sc))
 assert any(p["config"]["optimizer"] == "adamw8bit" for p in off(sc))
 # The same offload configuration is slower under DeepSpeed's serial order.
-key = lambda p: json.dumps({k: v for k, v in p["config"].items() if k != "offload_pipeline"}, sort_keys=True)
+key = lambda p: json.dumps({k: v for k, v in p["config"].items() if k not in ("offload_pipeline", "offload_overlap_forward")}, sort_keys=True)
 scd = {key(p): p["throughput"]["tokens_per_s"] for p in off(sc)}
 common = [p for p in off(ds) if key(p) in scd]
 assert common and all(p["throughput"]["tokens_per_s"] < scd[key(p)] for p in common)
 PY
-# Offload pipeline "full": plans say so, never rank slower than "on", and "on" plans list it as a lever.
+# Offload pipeline "full" (the default): plans say so, never rank slower than "on", and "on" plans list it as a lever.
+expect_error "bad validate pipeline" '--offload-pipeline "off" is not valid for validate' validate --model 6b --gpus 2 --offload-pipeline off
 expect_error "bad recommend pipeline" '--offload-pipeline "off" is not valid for recommend' recommend --model 6b --gpus 2 --offload-pipeline off
-"$PLANNER" recommend --model llama-2-7b --gpus 2 --top 200 --offload-pipeline full --json >"$TMP/full_rank.json" && ok || bad "recommend --offload-pipeline full"
-python3 - "$TMP/full_rank.json" "$TMP/sc_rank.json" <<'PY' && ok || bad "pipeline full ranking"
+"$PLANNER" recommend --model llama-2-7b --gpus 2 --top 200 --offload-pipeline on --json >"$TMP/on_rank.json" && ok || bad "recommend --offload-pipeline on"
+python3 - "$TMP/sc_rank.json" "$TMP/on_rank.json" <<'PY' && ok || bad "pipeline full ranking"
 import json, sys
 full, on = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert full["request"]["offload_pipeline"] == "full" and on["request"]["offload_pipeline"] == "on"
@@ -133,7 +134,7 @@ common = [p for p in off(full) if key(p) in ond]
 assert common and all(p["throughput"]["tokens_per_s"] >= ond[key(p)] - 1e-6 for p in common)
 assert any(p["throughput"]["tokens_per_s"] > ond[key(p)] for p in common)
 PY
-python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert any('overlapping the next forward (--offload-pipeline full)' in l['lever'] and l['gain_frac'] >= 0 for l in j['offload_levers']['levers'])" "$TMP/sc_rank.json" && ok || bad "lever: pipeline full"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert any('overlapping the next forward (--offload-pipeline full)' in l['lever'] and l['gain_frac'] >= 0 for l in j['offload_levers']['levers'])" "$TMP/on_rank.json" && ok || bad "lever: pipeline full"
 "$PLANNER" recommend --model llama-2-7b --gpus 2 --offload-pipeline full --no-offload --deepspeed-config "$TMP/ds_full_none.json" >/dev/null && ok || bad "recommend full, no offload"
 "$PLANNER" explain --model llama-2-7b --gpus 2 --stage 2 --offload-optimizer cpu --optimizer adamw8bit --micro-batch 8 --gas 4 --offload-pipeline full --deepspeed-config "$TMP/ds_full.json" >"$TMP/ds_full.out" && ok || bad "explain full with a DeepSpeed config"
 grep -q "under DeepSpeed" "$TMP/ds_full.out" && ok || bad "DeepSpeed note for a full-pipeline plan"
