@@ -289,15 +289,17 @@ void ZeroEngine::worker_loop() {
   }
 }
 
+int64_t ZeroEngine::update_step() const { return outstanding_step_ > 0 ? outstanding_step_ : step_; }
+
 void ZeroEngine::wait_cpu_update(size_t u) {
-  const int64_t step = outstanding_step_ > 0 ? outstanding_step_ : step_;
+  const int64_t step = update_step();
   std::unique_lock<std::mutex> lock(worker_.mu);
   worker_.cv.wait(lock, [&] { return worker_.error || worker_.done_step[u] >= step; });
   if (worker_.error) std::rethrow_exception(worker_.error);
 }
 
 bool ZeroEngine::cpu_update_done(size_t u) {
-  const int64_t step = outstanding_step_ > 0 ? outstanding_step_ : step_;
+  const int64_t step = update_step();
   std::lock_guard<std::mutex> lock(worker_.mu);
   return worker_.done_step[u] >= step;
 }

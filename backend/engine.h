@@ -154,6 +154,7 @@ class ZeroEngine {
   void enqueue_cpu_update(size_t u);
   void wait_cpu_update(size_t u);  // blocks until unit u's update of the step in flight is done
   bool cpu_update_done(size_t u);
+  int64_t update_step() const;  // the step whose updates the uploads wait for: the outstanding one, else this one
   void worker_loop();
   void upload_unit(size_t u);  // the updated shard up (stages 1-2: and all-gathered), on the comm stream
   // Overlapped offload: uploads, in forward order, every unit up to `need` (waiting for the

@@ -178,19 +178,26 @@ SearchRequest make_request(const CommonOptions& o, int64_t global_batch, const s
   return req;
 }
 
+// recommend's and validate's --offload-pipeline: whether Stepcast offload plans overlap
+// their last updates with the next forward (full) or not (on).
+bool ranking_overlaps_forward(const std::string& pipeline, const char* command) {
+  if (pipeline != "on" && pipeline != "full")
+    throw InputError("--offload-pipeline \"" + pipeline + "\" is not valid for " + command +
+                     " (valid: on, full; --engine deepspeed ranks DeepSpeed's serial order)");
+  return pipeline == "full";
+}
+
 int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
                   int top_k, bool no_offload, const std::string& engine, const std::string& pipeline) {
   if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
   if (engine != "stepcast" && engine != "deepspeed")
     throw InputError("--engine \"" + engine + "\" is not valid (valid: stepcast, deepspeed)");
-  if (pipeline != "on" && pipeline != "full")
-    throw InputError("--offload-pipeline \"" + pipeline + "\" is not valid for recommend (valid: on, full; "
-                     "--engine deepspeed ranks DeepSpeed's serial order)");
+  const bool overlap_forward = ranking_overlaps_forward(pipeline, "recommend");
   SearchRequest req = make_request(o, global_batch, optimizers);
   const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
   req.deepspeed_engine = engine == "deepspeed";
-  req.overlap_forward = pipeline == "full";
+  req.overlap_forward = overlap_forward;
   SearchResult res = search_plans(req);
   ReportContext ctx{&req.model, &req.hardware, o.train_tokens};
 
@@ -202,7 +209,10 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     nlohmann::json j;
     j["model"] = model_to_json(req.model);
     j["hardware"] = hardware_to_json(req.hardware, base);
-    j["request"] = {{"global_batch", global_batch}, {"seq_len", base.seq_len}, {"engine", engine}, {"offload_pipeline", req.deepspeed_engine ? "off" : pipeline},
+    j["request"] = {{"global_batch", global_batch},
+                    {"seq_len", base.seq_len},
+                    {"engine", engine},
+                    {"offload_pipeline", req.deepspeed_engine ? "off" : pipeline},
                     {"precision", precision_name(base.precision)}, {"top", top_k}};
     j["evaluated"] = res.evaluated;
     j["fitting"] = res.ranked.size();
@@ -338,10 +348,9 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
   namespace fs = std::filesystem;
   if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
   if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
-  if (v.pipeline != "on" && v.pipeline != "full")
-    throw InputError("--offload-pipeline \"" + v.pipeline + "\" is not valid for validate (valid: on, full)");
+  const bool overlap_forward = ranking_overlaps_forward(v.pipeline, "validate");
   SearchRequest req = make_request(o, global_batch, optimizers);
-  req.overlap_forward = v.pipeline == "full";
+  req.overlap_forward = overlap_forward;
   const TrainConfig& base = req.base;
   SearchResult res = search_plans(req);
   if (res.ranked.empty()) throw InputError("nothing fits: no plan to validate");
