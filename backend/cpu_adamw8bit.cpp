@@ -10,11 +10,13 @@
 #include <cstring>
 #include <vector>
 #include <stdexcept>
+#include <string>
 
 #include "backend/adamw_math.h"
 #include "backend/adamw_simd.h"
 #include "backend/cpu_adamw.h"
 #include "backend/quant8.h"
+#include "model/errors.h"
 
 namespace stepcast::backend {
 
@@ -66,6 +68,51 @@ void block_scalar(const Block8& b, const Consts& c) {
 }
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+// Software prefetch of a later block into L2 while this one is computed: the two passes
+// are compute-heavy, and the hardware streamers restart at every 4 KiB page of the five
+// streams. A block's lines come in 32 groups of 64 elements (parameters 4 lines, gradient
+// 2 (bf16) or 4 (fp32), each code array 1). $STEPCAST_Q8_PREFETCH picks the plan:
+//   pass2: the next block's 32 groups during pass 2 only (session 4's kernel);
+//   0: none;  D (1..8): block k + D's groups spread over both passes (16 in pass 1, one
+//   every 8 iterations; 16 in pass 2, one every 2), so that requests leave at an even rate.
+constexpr int kPrefetchPass2 = -1;
+
+int prefetch_plan() {
+  static const int plan = [] {
+    const char* env = std::getenv("STEPCAST_Q8_PREFETCH");
+    if (!env || !*env) return 2;
+    const std::string e(env);
+    if (e == "pass2") return kPrefetchPass2;
+    if (e.size() == 1 && e[0] >= '0' && e[0] <= '8') return e[0] - '0';
+    throw InputError("STEPCAST_Q8_PREFETCH=\"" + e + "\" is not valid (valid: pass2, 0 to 8)");
+  }();
+  return plan;
+}
+
+struct PrefetchLines {
+  const char* p;
+  const char* g;
+  const char* qm;
+  const char* qv;
+  int g_lines;  // gradient lines per group
+
+  PrefetchLines(const Block8& b, int blocks_ahead) {
+    const int64_t ahead = blocks_ahead * kBlock, gsize = b.g.dtype == kernels::DType::kBFloat16 ? 2 : 4;
+    p = reinterpret_cast<const char*>(b.p + ahead);
+    g = static_cast<const char*>(b.g.ptr) + ahead * gsize;
+    qm = reinterpret_cast<const char*>(b.qm + ahead);
+    qv = reinterpret_cast<const char*>(b.qv + ahead);
+    g_lines = static_cast<int>(gsize);  // 64 elements x gsize bytes / 64
+  }
+  // Group j (elements 64 j .. 64 j + 63). Prefetches past the arrays' end never fault.
+  void group(int64_t j) const {
+    for (int u = 0; u < 4; ++u) _mm_prefetch(p + (4 * j + u) * 64, _MM_HINT_T1);
+    for (int u = 0; u < g_lines; ++u) _mm_prefetch(g + (g_lines * j + u) * 64, _MM_HINT_T1);
+    _mm_prefetch(qm + j * 64, _MM_HINT_T1);
+    _mm_prefetch(qv + j * 64, _MM_HINT_T1);
+  }
+};
 
 AVX512 inline __m512i load_codes(const uint8_t* q) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
@@ -242,8 +289,12 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
                ss = _mm512_set1_ps(c.step_size), tiny = _mm512_set1_ps(FLT_MIN);
   const __m512i sign_bit = _mm512_set1_epi32(INT32_MIN), magnitude_bits = _mm512_set1_epi32(0x7F000000);
   __m512 vmax_m = _mm512_setzero_ps(), vmin_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
+  const int plan = prefetch_plan();
+  const PrefetchLines ahead(b, plan == kPrefetchPass2 ? 1 : plan);
+  const bool spread = plan > 0 && b.n == kBlock;
   const int64_t body = b.n / 16 * 16;
   for (int64_t i = 0; i < body; i += 16) {
+    if (spread && (i & 127) == 0) ahead.group(i / 128);  // groups 0 .. 15
     // b1 m_old: the magnitude bits as f = (code & 0x7F) << 24, the sign (bit 7) flips the value.
     const __m512i shifted = _mm512_slli_epi32(load_codes(b.qm + i), 24);
     const __m512 fm = _mm512_cvtepi32_ps(_mm512_and_si512(shifted, magnitude_bits));
@@ -284,19 +335,11 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
                floor_y = _mm512_set1_ps(0x1p-31f), abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(INT32_MAX));
   const __m512i sign_to_bit7 = _mm512_set1_epi32(0x80);
   const int64_t body64 = b.n / 64 * 64;
-  // Pass 2 works in L1 and leaves the memory bus idle: it prefetches the next block
-  // (p, gradient and codes: 16 KB, 8 lines per 64 elements) into L2 meanwhile.
-  // Prefetches past the end of the arrays are harmless (they never fault).
-  const char* next_p = reinterpret_cast<const char*>(b.p + kBlock);
-  const char* next_g = static_cast<const char*>(b.g.ptr) + kBlock * (b.g.dtype == kernels::DType::kBFloat16 ? 2 : 4);
-  const char* next_qm = reinterpret_cast<const char*>(b.qm + kBlock);
-  const char* next_qv = reinterpret_cast<const char*>(b.qv + kBlock);
+  // Pass 2 works in L1: without prefetches it leaves the memory bus idle.
   for (int64_t i = 0; i < body64; i += 64) {
     const int64_t line = i / 64;  // 0 .. 31
-    for (int u = 0; u < 4; ++u) _mm_prefetch(next_p + (4 * line + u) * 64, _MM_HINT_T1);
-    for (int u = 0; u < 2; ++u) _mm_prefetch(next_g + (2 * line + u) * 64, _MM_HINT_T1);
-    _mm_prefetch(next_qm + line * 64, _MM_HINT_T1);
-    _mm_prefetch(next_qv + line * 64, _MM_HINT_T1);
+    if (plan == kPrefetchPass2) ahead.group(line);
+    else if (spread && (line & 1) == 0) ahead.group(16 + line / 2);  // groups 16 .. 31
     __m512i qm[4], qv[4];
     for (int u = 0; u < 4; ++u) {
       const int64_t k = i + 16 * u;
@@ -437,6 +480,7 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                    const kernels::AdamWArgs& a, SimdLevel level) {
   const Consts c = consts_of(a);
   if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW8bit);
+  prefetch_plan();  // a bad $STEPCAST_Q8_PREFETCH throws here, not on a worker thread
   static const bool has_bf16 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") != 0;
