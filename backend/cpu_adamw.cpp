@@ -2,6 +2,7 @@
 
 #include "backend/adamw_math.h"
 #include "backend/adamw_simd.h"
+#include "backend/cpu_cores.h"
 #include "backend/quant8.h"
 #include "model/errors.h"
 
@@ -45,20 +46,16 @@ void parallel_chunks(int64_t n, int64_t align, Fn&& fn) {
   threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n / (1 << 15))));
   if (threads <= 1) {
     fn(int64_t{0}, n);
+    _mm_sfence();
     return;
   }
   const int64_t chunk = ((n + threads - 1) / threads + align - 1) / align * align;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) {
+  // The pool's persistent threads, each bound to one core of this rank's share (cpu_cores.h).
+  run_on_cores(threads, [&](int t) {
     const int64_t b = t * chunk, e = std::min(n, b + chunk);
-    if (b < e) pool.emplace_back([&fn, b, e] {
-      fn(b, e);
-      _mm_sfence();  // non-temporal stores visible before the join
-    });
-  }
-  fn(int64_t{0}, std::min(n, chunk));
-  _mm_sfence();
-  for (auto& th : pool) th.join();
+    if (b < e) fn(b, e);
+    _mm_sfence();  // non-temporal stores visible before the run returns
+  });
 }
 
 void adamw_scalar(float* p, float* m, float* v, GradIn g, void* out, kernels::DType od, int64_t b, int64_t e,

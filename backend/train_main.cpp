@@ -14,6 +14,7 @@
 
 #include "backend/collectives.h"
 #include "backend/cpu_adamw.h"
+#include "backend/cpu_cores.h"
 #include "backend/data.h"
 #include "backend/engine.h"
 #include "backend/launcher.h"
@@ -98,12 +99,15 @@ int run_rank(const Flags& f, const CLI::App& app) {
   validate_config(cfg);
   if (f.steps < 1) throw InputError("--steps " + std::to_string(f.steps) + " must be at least 1");
 
+  // Ranks on one host split its physical cores (those this process may use), and each
+  // rank's process and optimizer threads are bound to its share (cpu_cores.h). With
+  // offload, the CPU optimizer runs during the backward: it leaves one core of the share
+  // to the thread that feeds the GPU.
+  const std::vector<LogicalCpu> host_cpus = allowed_cpus();
+  const std::vector<int> rank_cores = rank_cpus(host_cpus, rv.local_rank, std::max(1, local_world));
+  bind_cpus(rank_cores);
+  const int share = physical_cores(host_cpus, rank_cores);
   std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
-  // Ranks on one host share its cores. With offload, the CPU optimizer runs
-  // during the backward: it leaves one core of the rank's share to the thread
-  // that feeds the GPU.
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int share = std::max(1, cores / std::max(1, local_world));
   at::set_num_threads(share);
   set_cpu_threads(f.cpu_threads > 0 ? f.cpu_threads : std::max(1, share > 2 ? share - 1 : share));
 
@@ -147,7 +151,10 @@ int run_rank(const Flags& f, const CLI::App& app) {
                         {"data", tokens.description()}};
   if (cfg.offload_optimizer == OffloadDevice::kCpu) {
     const CpuKernel k = cfg.optimizer == OptimizerKind::kAdamW8bit ? CpuKernel::kAdamW8bit : CpuKernel::kAdamW;
-    env["cpu_optimizer"] = {{"threads", cpu_threads()}, {"simd", simd_name(tuned_simd_level(k))}};
+    env["cpu_optimizer"] = {{"threads", cpu_threads()},
+                            {"simd", simd_name(tuned_simd_level(k))},
+                            {"cpus", cpu_list_string(rank_cores)},
+                            {"bound", cpu_binding_enabled()}};
   }
   if (lead && !f.quiet) {
     std::printf("train: %s (%lld parameters), %s, stage %d, offload %s/%s, %s, micro-batch %lld x GAS %lld x %d ranks, seq %lld%s\n",

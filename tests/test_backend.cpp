@@ -6,6 +6,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "doctest_after_glog.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,10 +15,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <set>
 #include <sstream>
 
 #include "backend/cpu_adamw.h"
+#include "backend/cpu_cores.h"
 
 #include "backend/layout.h"
 #include "backend/quant8.h"
@@ -133,6 +136,65 @@ TEST_CASE("CPU AdamW equals torch::optim::AdamW, on every SIMD path") {
     // The bf16 copy (written on the last, odd step) is LibTorch's round-to-nearest-even cast.
     CHECK(torch::equal(out, master.to(torch::kBFloat16)));
   }
+}
+
+TEST_CASE("ranks split the host's physical cores: contiguous shares, one thread per core first") {
+  // Two packages of 4 cores with 2 logical CPUs each, numbered as Linux does on such hosts:
+  // CPUs 0-7 are the first thread of cores 0-3 (package 0) and 0-3 (package 1), 8-15 their siblings.
+  std::vector<LogicalCpu> host;
+  for (int id = 0; id < 16; ++id) host.push_back({id, (id % 8) / 4, id % 4});
+  CHECK(rank_cpus(host, 0, 1) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  // Two ranks: one package each, the first thread of each core first.
+  CHECK(rank_cpus(host, 0, 2) == std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11});
+  CHECK(rank_cpus(host, 1, 2) == std::vector<int>{4, 5, 6, 7, 12, 13, 14, 15});
+  CHECK(physical_cores(host, rank_cpus(host, 1, 2)) == 4);
+  // Three ranks on 8 cores: cores [8r/3, 8(r+1)/3) = [0,2), [2,5), [5,8).
+  CHECK(rank_cpus(host, 0, 3) == std::vector<int>{0, 1, 8, 9});
+  CHECK(rank_cpus(host, 1, 3) == std::vector<int>{2, 3, 4, 10, 11, 12});
+  CHECK(rank_cpus(host, 2, 3) == std::vector<int>{5, 6, 7, 13, 14, 15});
+  // A container limited to CPUs 2, 3, 10 (core 2's two threads, core 3's first): 2 cores.
+  const std::vector<LogicalCpu> limited{host[2], host[3], host[10]};
+  CHECK(rank_cpus(limited, 0, 1) == std::vector<int>{2, 3, 10});
+  CHECK(rank_cpus(limited, 0, 2) == std::vector<int>{2, 10});
+  CHECK(rank_cpus(limited, 1, 2) == std::vector<int>{3});
+  // More ranks than cores: each still gets one (core r mod P when its share is empty).
+  CHECK(rank_cpus(limited, 2, 4) == std::vector<int>{2, 10});  // cores [1, 1): core 2 mod 2
+  CHECK(rank_cpus(limited, 3, 4) == std::vector<int>{3});      // cores [1, 2)
+  CHECK_THROWS(rank_cpus(host, 2, 2));
+  CHECK_THROWS(rank_cpus({}, 0, 1));
+  CHECK(cpu_list_string({8, 0, 1, 2, 3, 10}) == "0-3,8,10");
+  CHECK(cpu_list_string({5}) == "5");
+}
+
+TEST_CASE("the CPU optimizer's threads run on their cores, and their errors reach the caller") {
+  const std::vector<int> mine = rank_cpus(allowed_cpus(), 0, 1);
+  REQUIRE(!mine.empty());
+  const int threads = static_cast<int>(mine.size()) + 1;  // one more than the cores: it wraps to the first
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> ran_on(threads, -1);
+    run_on_cores(threads, [&](int t) {
+      // Busy for a moment, so that the kernel would have moved an unbound thread.
+      volatile double x = 0;
+      for (int i = 0; i < 200000; ++i) x = x + i;
+      ran_on[t] = sched_getcpu();
+    });
+    for (int t = 0; t < threads; ++t) {
+      CAPTURE(t);
+      if (cpu_binding_enabled()) CHECK(ran_on[t] == mine[t % mine.size()]);
+      else CHECK(ran_on[t] >= 0);
+    }
+  }
+  CHECK_THROWS_WITH(run_on_cores(2, [](int t) {
+                      if (t == 1) throw std::runtime_error("thread 1 failed");
+                    }),
+                    "thread 1 failed");
+  int sum = 0;
+  std::mutex mu;
+  run_on_cores(4, [&](int t) {
+    std::lock_guard<std::mutex> lock(mu);
+    sum += t + 1;
+  });
+  CHECK(sum == 1 + 2 + 3 + 4);
 }
 
 TEST_CASE("8-bit quantisation: the paper's dynamic map, nearest point, error bound") {
