@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cpu_adamw.h"
+#include "backend/cpu_cores.h"
 #include "backend/quant8.h"
 #include "bench/bench_util.h"
 
@@ -63,16 +64,14 @@ __attribute__((target("avx2"))) void stream_like(float* __restrict p, float* __r
 double bound_bytes_per_s(int64_t n, int threads, int repeats) {
   auto p = torch::zeros({n}), m = torch::zeros({n}), v = torch::zeros({n});
   auto g = torch::full({n}, 1e-3, torch::kBFloat16);
+  // On the optimizer's own pool: the same threads, bound to the same cores as the kernels'.
+  const int64_t chunk = (n + threads - 1) / threads;
   auto run = [&] {
-    std::vector<std::thread> pool;
-    const int64_t chunk = (n + threads - 1) / threads;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        const int64_t lo = t * chunk, hi = std::min(n, lo + chunk);
-        stream_like(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
-                    reinterpret_cast<uint16_t*>(g.data_ptr()), lo, hi);
-      });
-    for (auto& th : pool) th.join();
+    run_on_cores(threads, [&](int t) {
+      const int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
+      stream_like(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
+                  reinterpret_cast<uint16_t*>(g.data_ptr()), lo, hi);
+    });
   };
   return 28.0 * n / median(time_runs(repeats, run));
 }
@@ -171,8 +170,9 @@ int run(int argc, char** argv) {
     const char* v = std::getenv(name);
     return v && *v ? v : "default";
   };
-  std::printf("STEPCAST_CPU_STREAM=%s STEPCAST_Q8_PREFETCH=%s\n", env_or("STEPCAST_CPU_STREAM"),
-              env_or("STEPCAST_Q8_PREFETCH"));
+  std::printf("STEPCAST_CPU_STREAM=%s STEPCAST_Q8_PREFETCH=%s STEPCAST_CPU_BIND=%s (threads %s)\n",
+              env_or("STEPCAST_CPU_STREAM"), env_or("STEPCAST_Q8_PREFETCH"), env_or("STEPCAST_CPU_BIND"),
+              cpu_binding_enabled() ? "bound to cores" : "unbound");
   std::printf("measured bandwidth (AdamW's traffic pattern, trivial arithmetic, same threads): %.1f GB/s\n", bw / 1e9);
   std::printf("%-44s %8s %9s %9s %9s %9s %9s\n", "variant", "B/param", "median", "Gparam/s", "GB/s", "of bound",
               "vs torch");
