@@ -184,13 +184,7 @@ void cpu_parallel_for(int64_t n, int64_t align, const std::function<void(int64_t
 }
 
 bool can_stream(const void* out) {
-  static const bool allowed = [] {
-    const char* env = std::getenv("STEPCAST_CPU_STREAM");
-    if (!env || !*env) return true;
-    const std::string e(env);
-    if (e != "0" && e != "1") throw InputError("STEPCAST_CPU_STREAM=\"" + e + "\" is not valid (valid: 0, 1)");
-    return e == "1";
-  }();
+  static const bool allowed = env_switch("STEPCAST_CPU_STREAM", true);
   return allowed && out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
 }
 

@@ -178,14 +178,16 @@ int physical_cores(const std::vector<LogicalCpu>& cpus, const std::vector<int>& 
   return static_cast<int>(seen.size());
 }
 
+bool env_switch(const char* name, bool unset) {
+  const char* env = std::getenv(name);
+  if (!env || !*env) return unset;
+  const std::string e(env);
+  if (e != "0" && e != "1") throw InputError(std::string(name) + "=\"" + e + "\" is not valid (valid: 0, 1)");
+  return e == "1";
+}
+
 bool cpu_binding_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("STEPCAST_CPU_BIND");
-    if (!env || !*env) return true;
-    const std::string e(env);
-    if (e != "0" && e != "1") throw InputError("STEPCAST_CPU_BIND=\"" + e + "\" is not valid (valid: 0, 1)");
-    return e == "1";
-  }();
+  static const bool enabled = env_switch("STEPCAST_CPU_BIND", true);
   return enabled;
 }
 

@@ -38,6 +38,10 @@ int physical_cores(const std::vector<LogicalCpu>& cpus, const std::vector<int>& 
 // Does nothing to the process with $STEPCAST_CPU_BIND=0.
 void bind_cpus(const std::vector<int>& ids);
 
+// An on/off setting from the environment: "1" on, "0" off, unset or empty
+// `unset`; anything else is an input error naming the variable.
+bool env_switch(const char* name, bool unset);
+
 // Whether threads are bound ($STEPCAST_CPU_BIND unset or 1; anything else
 // but 0 is an input error).
 bool cpu_binding_enabled();

@@ -500,6 +500,15 @@ TEST_CASE("faults: NaN loss stops with the step; a dead rank ends the run; bad i
   CHECK(train(std::string(kBase) + " --stage 2 --offload-optimizer cpu --steps 1", &err) == 2);
   ::unsetenv("STEPCAST_CPU_SIMD");
   CHECK(err.find("STEPCAST_CPU_SIMD=\"sse9\"") != std::string::npos);
+  // So do the binding and prefetch switches (read before any thread starts).
+  ::setenv("STEPCAST_CPU_BIND", "yes", 1);
+  CHECK(train(std::string(kBase) + " --steps 1", &err) == 2);
+  ::unsetenv("STEPCAST_CPU_BIND");
+  CHECK(err.find("STEPCAST_CPU_BIND=\"yes\"") != std::string::npos);
+  ::setenv("STEPCAST_Q8_PREFETCH", "far", 1);
+  CHECK(train(std::string(kBase) + " --stage 2 --offload-optimizer cpu --optimizer adamw8bit --steps 1", &err) == 2);
+  ::unsetenv("STEPCAST_Q8_PREFETCH");
+  CHECK(err.find("STEPCAST_Q8_PREFETCH=\"far\"") != std::string::npos);
 }
 
 TEST_CASE("train --plan runs the planner's plan") {
