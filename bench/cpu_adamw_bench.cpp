@@ -11,7 +11,8 @@
 // pattern (28 B/param: read the bf16 gradient, master, m, v; write master,
 // m, v and the bf16 copy over the gradient), and "of bound" is each
 // variant's bytes/s over it. The 8-bit variant (Dettmers et al. 2022) moves
-// 16 B/param.
+// 16 B/param. All variants and the probe are timed interleaved, one run of
+// each per round, and each reports its median over the rounds.
 #include <immintrin.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -30,7 +32,6 @@
 
 using namespace stepcast::backend;
 using stepcast::bench::median;
-using stepcast::bench::time_runs;
 
 namespace {
 
@@ -61,21 +62,6 @@ __attribute__((target("avx2"))) void stream_like(float* __restrict p, float* __r
   }
 }
 
-double bound_bytes_per_s(int64_t n, int threads, int repeats) {
-  auto p = torch::zeros({n}), m = torch::zeros({n}), v = torch::zeros({n});
-  auto g = torch::full({n}, 1e-3, torch::kBFloat16);
-  // On the optimizer's own pool: the same threads, bound to the same cores as the kernels'.
-  const int64_t chunk = (n + threads - 1) / threads;
-  auto run = [&] {
-    run_on_cores(threads, [&](int t) {
-      const int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
-      stream_like(p.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
-                  reinterpret_cast<uint16_t*>(g.data_ptr()), lo, hi);
-    });
-  };
-  return 28.0 * n / median(time_runs(repeats, run));
-}
-
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -86,8 +72,6 @@ int run(int argc, char** argv) {
   at::set_num_threads(threads);
   set_cpu_threads(threads);
   torch::manual_seed(0);
-  const double bw = bound_bytes_per_s(n, threads, repeats);
-
   auto master = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n}), grad = torch::randn({n});
   auto grad16 = grad.to(torch::kBFloat16);
   auto out = torch::empty({n}, torch::kBFloat16);
@@ -102,64 +86,92 @@ int run(int argc, char** argv) {
   //   ours, fp32 gradient: 16 + 12 + bf16 out 2 = 30;  bf16 gradient (as offload delivers it), copy written
   //   over it: 14 + 12 + 2 = 28
   //   ours, 8-bit: bf16 g 2, p 4 + 4, codes 2 + 2, bf16 copy over g 2 = 16 (+ 16 B of absmax per 2048)
+  enum class Kind { kBound, kReference, kFp32, kFp32Bf16Grad, k8bit, kOther };
   struct Row {
     std::string name;
     double bytes_per_param;
-    double s;
+    Kind kind;
+    std::function<void()> fn;
+    double s = 0;
   };
   std::vector<Row> rows;
+  // The bound (first row): the probe on the optimizer's own pool, the same threads bound to the same cores.
+  auto bp = torch::zeros({n}), bm = torch::zeros({n}), bv = torch::zeros({n});
+  auto bg = torch::full({n}, 1e-3, torch::kBFloat16);
+  const int64_t chunk = (n + threads - 1) / threads;
+  rows.push_back({"bandwidth probe (AdamW's traffic, in place)", 28.0, Kind::kBound, [&] {
+                    run_on_cores(threads, [&](int t) {
+                      const int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
+                      stream_like(bp.data_ptr<float>(), bm.data_ptr<float>(), bv.data_ptr<float>(),
+                                  reinterpret_cast<uint16_t*>(bg.data_ptr()), lo, hi);
+                    });
+                  }});
   // Reference: LibTorch's AdamW followed by the bf16 copy an offload step needs. Fused on
   // torch >= 2.4 (at::_fused_adamw_ on the CPU), else torch::optim's loop of tensor ops.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  {
-    auto p = master.clone(), g = grad.clone(), m2 = torch::zeros({n}), v2 = torch::zeros({n});
-    auto steps = torch::zeros({1});
-    rows.push_back({"torch _fused_adamw_ (CPU) + bf16 copy", 34.0, median(time_runs(repeats, [&] {
-                      at::_fused_adamw_({p}, {g}, {m2}, {v2}, {}, {steps}, 1e-4, 0.9, 0.999, 0.0, 1e-8, false, false);
-                      out.copy_(p);
-                    }))});
-  }
+  auto rp = master.clone(), rg = grad.clone(), rm = torch::zeros({n}), rv = torch::zeros({n});
+  auto steps = torch::zeros({1});
+  rows.push_back({"torch _fused_adamw_ (CPU) + bf16 copy", 34.0, Kind::kReference, [&] {
+                    at::_fused_adamw_({rp}, {rg}, {rm}, {rv}, {}, {steps}, 1e-4, 0.9, 0.999, 0.0, 1e-8, false, false);
+                    out.copy_(rp);
+                  }});
 #else
-  {
-    auto p = master.clone().requires_grad_(true);
-    torch::optim::AdamW opt({p}, torch::optim::AdamWOptions(1e-4));
-    p.mutable_grad() = grad.clone();
-    rows.push_back({"torch::optim::AdamW + bf16 copy", 34.0, median(time_runs(repeats, [&] {
-                      opt.step();
-                      out.copy_(p.detach());
-                    }))});
-  }
+  auto rp = master.clone().requires_grad_(true);
+  torch::optim::AdamW ref_opt({rp}, torch::optim::AdamWOptions(1e-4));
+  rp.mutable_grad() = grad.clone();
+  rows.push_back({"torch::optim::AdamW + bf16 copy", 34.0, Kind::kReference, [&] {
+                    ref_opt.step();
+                    out.copy_(rp.detach());
+                  }});
 #endif
   std::vector<SimdLevel> levels{SimdLevel::kScalar};
   if (cpu_simd_level() != SimdLevel::kScalar) levels.push_back(SimdLevel::kAvx2);
   if (cpu_simd_level() == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
-  size_t fp32_best = 0;
   for (SimdLevel level : levels) {
     for (bool g16 : {false, true}) {
       rows.push_back({std::string("stepcast cpu_adamw ") + simd_name(level) + (g16 ? " bf16 grad" : " fp32 grad"),
-                      g16 ? 28.0 : 30.0, median(time_runs(repeats, [&] {
+                      g16 ? 28.0 : 30.0, g16 ? Kind::kFp32Bf16Grad : Kind::kFp32, [&, level, g16] {
                         args.step = ++step;
                         cpu_adamw(master.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
                                   g16 ? grad16.data_ptr() : grad.data_ptr(),
                                   g16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32,
-                                  g16 ? grad16.data_ptr() : out.data_ptr(),
-                                  kernels::DType::kBFloat16, n, args, level);
-                      }))});
-      if (g16 && (fp32_best == 0 || rows.back().s < rows[fp32_best].s)) fp32_best = rows.size() - 1;
+                                  g16 ? grad16.data_ptr() : out.data_ptr(), kernels::DType::kBFloat16, n, args,
+                                  level);
+                      }});
     }
   }
-  size_t q8_best = 0;
   for (SimdLevel level : levels) {
-    rows.push_back({std::string("stepcast cpu_adamw8bit ") + simd_name(level) + " bf16 grad", 16.0,
-                    median(time_runs(repeats, [&] {
+    rows.push_back({std::string("stepcast cpu_adamw8bit ") + simd_name(level) + " bf16 grad", 16.0, Kind::k8bit,
+                    [&, level] {
                       args.step = ++step;
                       cpu_adamw8bit(master.data_ptr<float>(), code_m.data_ptr<uint8_t>(), code_v.data_ptr<uint8_t>(),
                                     absmax_m.data_ptr<float>(), absmax_v.data_ptr<float>(), grad16.data_ptr(),
-                                    kernels::DType::kBFloat16, grad16.data_ptr(), kernels::DType::kBFloat16, n, args,
-                                    level);
-                    }))});
-    if (q8_best == 0 || rows.back().s < rows[q8_best].s) q8_best = rows.size() - 1;
+                                    kernels::DType::kBFloat16, grad16.data_ptr(), kernels::DType::kBFloat16, n,
+                                    args, level);
+                    }});
   }
+  // Interleaved: every round times each variant once, starting one further along the list each
+  // round, so that a disturbance of the host lands on all variants alike; medians per variant.
+  std::vector<std::vector<double>> times(rows.size());
+  for (auto& r : rows) r.fn();  // warm-up: first touch, lazy initialisation
+  for (int round = 0; round < repeats; ++round) {
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const size_t i = (k + round) % rows.size();
+      const auto t0 = std::chrono::steady_clock::now();
+      rows[i].fn();
+      times[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  for (size_t i = 0; i < rows.size(); ++i) rows[i].s = median(times[i]);
+  const double bw = 28.0 * n / rows.front().s;
+  size_t fp32_best = 0, q8_best = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].kind == Kind::kFp32Bf16Grad && (fp32_best == 0 || rows[i].s < rows[fp32_best].s)) fp32_best = i;
+    if (rows[i].kind == Kind::k8bit && (q8_best == 0 || rows[i].s < rows[q8_best].s)) q8_best = i;
+  }
+  rows.erase(rows.begin());  // the probe is reported as the bound, not as a variant
+  --fp32_best;
+  --q8_best;
 
   const double ref = rows.front().s;
   std::printf("CPU AdamW, %lld parameters, %d threads, SIMD available: %s (auto-tuned: fp32 %s, 8-bit %s), LibTorch %s\n",
@@ -173,7 +185,8 @@ int run(int argc, char** argv) {
   std::printf("STEPCAST_CPU_STREAM=%s STEPCAST_Q8_PREFETCH=%s STEPCAST_CPU_BIND=%s (threads %s)\n",
               env_or("STEPCAST_CPU_STREAM"), env_or("STEPCAST_Q8_PREFETCH"), env_or("STEPCAST_CPU_BIND"),
               cpu_binding_enabled() ? "bound to cores" : "unbound");
-  std::printf("measured bandwidth (AdamW's traffic pattern, trivial arithmetic, same threads): %.1f GB/s\n", bw / 1e9);
+  std::printf("measured bandwidth (AdamW's traffic pattern in place, trivial arithmetic, same threads, interleaved "
+              "with the variants): %.1f GB/s; medians of %d interleaved rounds\n", bw / 1e9, repeats);
   std::printf("%-44s %8s %9s %9s %9s %9s %9s\n", "variant", "B/param", "median", "Gparam/s", "GB/s", "of bound",
               "vs torch");
   std::printf("%-44s %8s %9s %9s %9s %9s %9s\n", "", "", "ms", "", "", "%", "x");
