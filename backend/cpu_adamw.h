@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 
 #include "backend/kernels.h"
@@ -49,6 +50,34 @@ void cpu_adamw8bit(float* master, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_cod
                    float* exp_avg_sq_absmax, const void* grad, kernels::DType grad_dtype, void* param_out,
                    kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& args,
                    SimdLevel level = SimdLevel::kAuto);
+
+// Split master weights (8-bit offload): the fp32 master x is held as two
+// 16-bit halves, hi = x rounded to bf16 (to nearest, ties away from zero:
+// (bits + 0x8000) >> 16) and lo = bits - (hi << 16), a signed 16-bit
+// remainder. bits = (hi << 16) + lo exactly, for every float. hi is the bf16
+// copy the GPU needs, so the update writes it in place and moves 14 bytes per
+// parameter instead of 16 (the upload copy is not written separately, and the
+// gradient comes in its own buffer). hi differs from round-to-nearest-even
+// only at exact ties, by one bf16 unit away from zero.
+inline void split_master(float x, uint16_t& hi, int16_t& lo) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t h = (u + 0x8000u) >> 16;
+  hi = static_cast<uint16_t>(h);
+  lo = static_cast<int16_t>(static_cast<uint16_t>(u - (h << 16)));
+}
+inline float join_master(uint16_t hi, int16_t lo) {
+  const uint32_t u = (static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(lo));
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// cpu_adamw8bit with split master weights: master_hi is also the bf16 copy.
+// 14 bytes of traffic per parameter with a bf16 gradient.
+void cpu_adamw8bit_split(uint16_t* master_hi, int16_t* master_lo, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code,
+                         float* exp_avg_absmax, float* exp_avg_sq_absmax, const void* grad, kernels::DType grad_dtype,
+                         int64_t n, const kernels::AdamWArgs& args, SimdLevel level = SimdLevel::kAuto);
 
 // Runs fn(begin, end) over [0, n) on the optimizer's threads in contiguous
 // chunks, each a multiple of `align` elements (except the last).

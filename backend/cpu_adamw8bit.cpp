@@ -25,7 +25,9 @@ namespace {
 using quant8::kBlock;
 
 struct Block8 {
-  float* p;
+  float* p;       // fp32 master weights, or null with the split ones below
+  uint16_t* hi;   // split master weights (cpu_adamw.h): the bf16 upper half, which is the upload copy
+  int16_t* lo;    // and the signed remainder
   uint8_t* qm;
   uint8_t* qv;
   float* am;  // this block's absmax (in: old, out: new)
@@ -42,8 +44,13 @@ void pass1_scalar(const Block8& b, int64_t from, const Consts& c, float* mb, flo
   for (int64_t i = from; i < b.n; ++i) {
     float m = quant8::decode_signed(b.qm[i]) * am;
     float v = quant8::decode_unsigned(b.qv[i]) * av;
-    const float x = adamw_one(b.p[i], m, v, b.g.at(i), c);
-    store_param(b.out, b.od, i, x);
+    if (b.hi) {
+      float x = join_master(b.hi[i], b.lo[i]);
+      adamw_one(x, m, v, b.g.at(i), c);
+      split_master(x, b.hi[i], b.lo[i]);
+    } else {
+      store_param(b.out, b.od, i, adamw_one(b.p[i], m, v, b.g.at(i), c));
+    }
     mb[i] = m;
     vb[i] = v;
     max_m = std::max(max_m, std::fabs(m));
@@ -91,7 +98,8 @@ int prefetch_plan() {
 }
 
 struct PrefetchLines {
-  const char* p;
+  const char* p;   // fp32 master, or the split master's upper half
+  const char* lo;  // the split master's remainder (null without)
   const char* g;
   const char* qm;
   const char* qv;
@@ -99,7 +107,8 @@ struct PrefetchLines {
 
   PrefetchLines(const Block8& b, int blocks_ahead) {
     const int64_t ahead = blocks_ahead * kBlock, gsize = b.g.dtype == kernels::DType::kBFloat16 ? 2 : 4;
-    p = reinterpret_cast<const char*>(b.p + ahead);
+    p = b.hi ? reinterpret_cast<const char*>(b.hi + ahead) : reinterpret_cast<const char*>(b.p + ahead);
+    lo = b.hi ? reinterpret_cast<const char*>(b.lo + ahead) : nullptr;
     g = static_cast<const char*>(b.g.ptr) + ahead * gsize;
     qm = reinterpret_cast<const char*>(b.qm + ahead);
     qv = reinterpret_cast<const char*>(b.qv + ahead);
@@ -107,7 +116,12 @@ struct PrefetchLines {
   }
   // Group j (elements 64 j .. 64 j + 63). Prefetches past the arrays' end never fault.
   void group(int64_t j) const {
-    for (int u = 0; u < 4; ++u) _mm_prefetch(p + (4 * j + u) * 64, _MM_HINT_T1);
+    if (lo) {
+      for (int u = 0; u < 2; ++u) _mm_prefetch(p + (2 * j + u) * 64, _MM_HINT_T1);
+      for (int u = 0; u < 2; ++u) _mm_prefetch(lo + (2 * j + u) * 64, _MM_HINT_T1);
+    } else {
+      for (int u = 0; u < 4; ++u) _mm_prefetch(p + (4 * j + u) * 64, _MM_HINT_T1);
+    }
     for (int u = 0; u < g_lines; ++u) _mm_prefetch(g + (g_lines * j + u) * 64, _MM_HINT_T1);
     _mm_prefetch(qm + j * 64, _MM_HINT_T1);
     _mm_prefetch(qv + j * 64, _MM_HINT_T1);
@@ -266,7 +280,7 @@ AVX512 inline void store_out16_8bit(void* out, kernels::DType od, int64_t i, __m
   store_out16(out, od, i, x);
 }
 
-template <bool kNativeBf16>
+template <bool kNativeBf16, bool kSplit>
 AVX512 void block_avx512(const Block8& b, const Consts& c) {
   alignas(64) float mb[kBlock], vb[kBlock];
   static const DecodeTable sdec = decode_table(quant8::signed_magnitudes(), 24);
@@ -314,14 +328,30 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
     // sqrt(v) = v / sqrt(v), with v >= FLT_MIN in the estimate so that v = 0 gives 0.
     const __m512 root = _mm512_mul_ps(vi, _mm512_rsqrt14_ps(_mm512_max_ps(vi, tiny)));
     const __m512 inv_denom = _mm512_rcp14_ps(_mm512_fmadd_ps(root, ibc2, eps));
-    const __m512 x = _mm512_fnmadd_ps(ss, _mm512_mul_ps(mi, inv_denom), _mm512_mul_ps(_mm512_loadu_ps(b.p + i), dec));
-    _mm512_storeu_ps(b.p + i, x);
+    __m512 x_old;
+    if constexpr (kSplit) {  // bits = (hi << 16) + sign-extended lo
+      const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.hi + i)));
+      const __m512i l = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.lo + i)));
+      x_old = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 16), l));
+    } else {
+      x_old = _mm512_loadu_ps(b.p + i);
+    }
+    const __m512 x = _mm512_fnmadd_ps(ss, _mm512_mul_ps(mi, inv_denom), _mm512_mul_ps(x_old, dec));
+    if constexpr (kSplit) {  // hi = (bits + 0x8000) >> 16, lo = bits - (hi << 16): the low halves of both
+      const __m512i u = _mm512_castps_si512(x);
+      const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8000)), 16);
+      const __m512i r = _mm512_sub_epi32(u, _mm512_slli_epi32(h, 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.hi + i), _mm512_cvtepi32_epi16(h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.lo + i), _mm512_cvtepi32_epi16(r));
+    } else {
+      _mm512_storeu_ps(b.p + i, x);
+      store_out16_8bit<kNativeBf16>(b.out, b.od, i, x);
+    }
     _mm512_store_ps(mb + i, mi);
     _mm512_store_ps(vb + i, vi);
     vmax_m = _mm512_max_ps(vmax_m, mi);
     vmin_m = _mm512_min_ps(vmin_m, mi);
     vmax_v = _mm512_max_ps(vmax_v, vi);
-    store_out16_8bit<kNativeBf16>(b.out, b.od, i, x);
   }
   float max_m = std::max(_mm512_reduce_max_ps(vmax_m), -_mm512_reduce_min_ps(vmin_m));
   float max_v = _mm512_reduce_max_ps(vmax_v);
@@ -435,17 +465,34 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
     const __m256 m_old = _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), am);
     const __m256 v_old = _mm256_mul_ps(decode8(umap, cv), av);
     const __m256 gi = _mm256_mul_ps(load_grad8(b.g, i), k.sc);
-    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(b.p + i), k.dec);
+    __m256 x;
+    if (b.hi) {
+      const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.hi + i)));
+      const __m256i l = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.lo + i)));
+      x = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(h, 16), l)), k.dec);
+    } else {
+      x = _mm256_mul_ps(_mm256_loadu_ps(b.p + i), k.dec);
+    }
     const __m256 mi = _mm256_fmadd_ps(k.b1, m_old, _mm256_mul_ps(k.omb1, gi));
     const __m256 vi = _mm256_fmadd_ps(k.b2, v_old, _mm256_mul_ps(k.omb2, _mm256_mul_ps(gi, gi)));
     const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), k.ibc2, k.eps);
     x = _mm256_sub_ps(x, _mm256_mul_ps(k.ss, _mm256_div_ps(mi, denom)));
-    _mm256_storeu_ps(b.p + i, x);
+    if (b.hi) {
+      const __m256i u = _mm256_castps_si256(x);
+      const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x8000)), 16);
+      const __m256i r = _mm256_sub_epi32(u, _mm256_slli_epi32(h, 16));  // in [-0x8000, 0x7fff]: packs keeps it
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(b.hi + i),
+                       _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(b.lo + i),
+                       _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+    } else {
+      _mm256_storeu_ps(b.p + i, x);
+      store_out8(b.out, b.od, i, x);
+    }
     _mm256_store_ps(mb + i, mi);
     _mm256_store_ps(vb + i, vi);
     vmax_m = _mm256_max_ps(vmax_m, _mm256_and_ps(mi, abs_mask));
     vmax_v = _mm256_max_ps(vmax_v, vi);
-    store_out8(b.out, b.od, i, x);
   }
   float max_m = hmax8(vmax_m), max_v = hmax8(vmax_v);
   pass1_scalar(b, body, c, mb, vb, max_m, max_v);
@@ -475,9 +522,12 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
 
 }  // namespace
 
-void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
-                   kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n,
-                   const kernels::AdamWArgs& a, SimdLevel level) {
+namespace {
+
+// Either master (fp32) with out, or hi and lo (split master weights, no separate copy).
+void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
+          kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& a,
+          SimdLevel level) {
   const Consts c = consts_of(a);
   if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW8bit);
   prefetch_plan();  // a bad $STEPCAST_Q8_PREFETCH throws here, not on a worker thread
@@ -490,7 +540,9 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; s += kBlock) {
       const int64_t k = s / kBlock;
-      Block8 b{master + s,
+      Block8 b{master ? master + s : nullptr,
+               hi ? hi + s : nullptr,
+               lo ? lo + s : nullptr,
                qm + s,
                qv + s,
                am + k,
@@ -501,14 +553,30 @@ void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av
                std::min(kBlock, n - s)};
       switch (level) {
         case SimdLevel::kAvx512:
-          if (has_bf16) block_avx512<true>(b, c);
-          else block_avx512<false>(b, c);
+          if (hi) block_avx512<false, true>(b, c);
+          else if (has_bf16) block_avx512<true, false>(b, c);
+          else block_avx512<false, false>(b, c);
           break;
         case SimdLevel::kAvx2: block_avx2(b, c); break;
         default: block_scalar(b, c); break;
       }
     }
   });
+}
+
+}  // namespace
+
+void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
+                   kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n,
+                   const kernels::AdamWArgs& a, SimdLevel level) {
+  run8(master, nullptr, nullptr, qm, qv, am, av, grad, grad_dtype, out, out_dtype, n, a, level);
+}
+
+void cpu_adamw8bit_split(uint16_t* master_hi, int16_t* master_lo, uint8_t* qm, uint8_t* qv, float* am, float* av,
+                         const void* grad, kernels::DType grad_dtype, int64_t n, const kernels::AdamWArgs& a,
+                         SimdLevel level) {
+  run8(nullptr, master_hi, master_lo, qm, qv, am, av, grad, grad_dtype, nullptr, kernels::DType::kBFloat16, n, a,
+       level);
 }
 
 }  // namespace stepcast::backend

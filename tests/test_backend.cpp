@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -246,6 +247,86 @@ kernels::AdamWArgs drift_args(int step) {
 }
 
 }  // namespace
+
+TEST_CASE("split master weights: exact for every float; the 8-bit update with them equals the fp32-master one") {
+  // Join(split(x)) == x bit for bit. Cases: ties (low half 0x8000) of both signs, the largest
+  // finite float (whose upper half rounds to inf), inf, a NaN, denormals, 0 and -0, then 1 M
+  // random bit patterns.
+  std::vector<uint32_t> bits = {0x3f808000u, 0xbf808000u, 0x3f807fffu, 0x3f818000u, 0x7f7fffffu, 0x7f800000u,
+                                0x7fc00001u, 0x00000001u, 0x80007fffu, 0x00000000u, 0x80000000u, 0xffff8000u};
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < (1 << 20); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    bits.push_back(static_cast<uint32_t>(state >> 32));
+  }
+  int64_t inexact = 0, not_rne = 0;
+  for (uint32_t u : bits) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    uint16_t hi;
+    int16_t lo;
+    split_master(x, hi, lo);
+    const float y = join_master(hi, lo);
+    uint32_t v;
+    std::memcpy(&v, &y, sizeof v);
+    inexact += v != u;
+    // hi is round-to-nearest-even but at exact ties (low half 0x8000 with an even upper half),
+    // where it rounds away from zero; NaNs aside (their bf16 is a quiet NaN).
+    if (!std::isnan(x) && hi != float_to_bf16(x) && !((u & 0xffffu) == 0x8000u && ((u >> 16) & 1u) == 0)) ++not_rne;
+  }
+  CHECK(inexact == 0);
+  CHECK(not_rne == 0);
+
+  // The 8-bit update with split master weights is the same arithmetic: after 20 steps the
+  // master weights, codes and absmax are bit-identical to the fp32-master kernel's, on every
+  // SIMD path, and hi is the bf16 copy (equal to the fp32 kernel's copy but at ties).
+  torch::manual_seed(7);
+  const int64_t n = 3 * quant8::kBlock + 777;
+  const auto init = torch::randn({n}) * 0.02;
+  std::vector<SimdLevel> levels{SimdLevel::kScalar};
+  if (cpu_simd_level() != SimdLevel::kScalar) levels.push_back(SimdLevel::kAvx2);
+  if (cpu_simd_level() == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
+  for (SimdLevel level : levels) {
+    CAPTURE(simd_name(level));
+    auto master = init.clone();
+    auto hi = torch::empty({n}, torch::kInt16), lo = torch::empty({n}, torch::kInt16);
+    auto* h = reinterpret_cast<uint16_t*>(hi.data_ptr());
+    auto* l = reinterpret_cast<int16_t*>(lo.data_ptr());
+    for (int64_t i = 0; i < n; ++i) split_master(master.data_ptr<float>()[i], h[i], l[i]);
+    torch::Tensor q[2][2], a[2][2];
+    for (int k = 0; k < 2; ++k)
+      for (int j = 0; j < 2; ++j) {
+        q[k][j] = torch::zeros({n}, torch::kByte);
+        a[k][j] = torch::zeros({quant8::num_blocks(n)});
+      }
+    auto out = torch::empty({n}, torch::kBFloat16);
+    torch::manual_seed(11);
+    for (int step = 1; step <= 20; ++step) {
+      auto grad = (torch::randn({n}) * 1e-3 + 2e-4).to(torch::kBFloat16);
+      const kernels::AdamWArgs args = drift_args(step);
+      cpu_adamw8bit(master.data_ptr<float>(), q[0][0].data_ptr<uint8_t>(), q[0][1].data_ptr<uint8_t>(),
+                    a[0][0].data_ptr<float>(), a[0][1].data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16,
+                    out.data_ptr(), kernels::DType::kBFloat16, n, args, level);
+      cpu_adamw8bit_split(h, l, q[1][0].data_ptr<uint8_t>(), q[1][1].data_ptr<uint8_t>(), a[1][0].data_ptr<float>(),
+                          a[1][1].data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16, n, args, level);
+    }
+    int64_t master_diff = 0, copy_diff = 0;
+    const auto* o = reinterpret_cast<const uint16_t*>(out.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = master.data_ptr<float>()[i];
+      const float y = join_master(h[i], l[i]);
+      master_diff += std::memcmp(&x, &y, sizeof x) != 0;
+      copy_diff += h[i] != o[i];
+    }
+    CHECK(master_diff == 0);
+    CHECK(torch::equal(q[0][0], q[1][0]));
+    CHECK(torch::equal(q[0][1], q[1][1]));
+    CHECK(torch::equal(a[0][0], a[1][0]));
+    CHECK(torch::equal(a[0][1], a[1][1]));
+    CHECK(copy_diff <= 2);  // ties: ~n / 2^17 expected
+    CHECK((master - init).abs().max().item<double>() > 1e-3);  // it did train
+  }
+}
 
 TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp32 AdamW") {
   torch::manual_seed(7);
