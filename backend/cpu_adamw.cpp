@@ -188,6 +188,19 @@ bool can_stream(const void* out) {
   return allowed && out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
 }
 
+void split_master_n(const float* x, uint16_t* hi, int16_t* lo, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) split_master(x[i], hi[i], lo[i]);
+}
+
+void join_master_n(const uint16_t* hi, const int16_t* lo, float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = join_master(hi[i], lo[i]);
+}
+
+bool split_master_enabled() {
+  static const bool enabled = env_switch("STEPCAST_SPLIT_MASTER", false);
+  return enabled;
+}
+
 void set_cpu_threads(int threads) { g_threads = threads; }
 int cpu_threads() { return g_threads > 0 ? g_threads : static_cast<int>(std::thread::hardware_concurrency()); }
 

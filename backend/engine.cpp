@@ -103,11 +103,26 @@ void ZeroEngine::init_parameters() {
       return offload() ? torch::dtype(t).device(torch::kCPU) : torch::dtype(t).device(rt_.device());
     };
     if (offload()) {
-      u.master = torch::empty({n}, state(torch::kFloat));
-      u.master.copy_(own);
       // Gradients come down into `staging` and the optimizer writes the updated parameters over
-      // them for the upload, or, with parameter offload, straight into the host shard.
+      // them for the upload, or, with parameter offload, straight into the host shard. With split
+      // master weights (8-bit states, bf16) the upper halves are the upload copy: they live in
+      // their own pinned buffer (the host shard with parameter offload), updated in place.
       u.staging = torch::empty({n}, host_opts(work_dtype_));
+      u.split = u.n8 > 0 && work_dtype_ == torch::kBFloat16 && split_master_enabled();
+      if (u.split) {
+        u.upload = param_offload() ? u.shard : torch::empty({n}, host_opts(work_dtype_));
+        u.master_hi = u.upload.narrow(0, 0, u.n8);
+        u.master_lo = torch::empty({u.n8}, state(torch::kInt16));
+        const torch::Tensor head = own.narrow(0, 0, u.n8).to(torch::kCPU).contiguous();
+        split_master_n(head.data_ptr<float>(), reinterpret_cast<uint16_t*>(u.master_hi.data_ptr()),
+                       reinterpret_cast<int16_t*>(u.master_lo.data_ptr()), u.n8);
+        u.master = torch::empty({n - u.n8}, state(torch::kFloat));
+        u.master.copy_(own.narrow(0, u.n8, n - u.n8));
+      } else {
+        u.upload = u.staging;
+        u.master = torch::empty({n}, state(torch::kFloat));
+        u.master.copy_(own);
+      }
       // With GAS > 1, stages 2-3 accumulate the reduced shards on the GPU until the last micro-batch.
       if (stage >= 2 && cfg_.gas > 1) u.grad_acc = torch::zeros({shard}, work_opts());
     } else {
@@ -214,7 +229,14 @@ void ZeroEngine::update_unit(Unit& u, const void* grad, void* out, bool on_cpu, 
   const kernels::DType dt = kdtype(work_dtype_);
   const int64_t n = opt_numel(u), n8 = u.n8, esize = work_dtype_ == torch::kBFloat16 ? 2 : 4;
   float* master = u.master.data_ptr<float>();
-  if (n8 > 0) {
+  if (u.split) {
+    // The upper halves are the upload copy: `out` must be the buffer they live in.
+    STEPCAST_ASSERT(on_cpu && out == u.master_hi.data_ptr());
+    cpu_adamw8bit_split(reinterpret_cast<uint16_t*>(u.master_hi.data_ptr()),
+                        reinterpret_cast<int16_t*>(u.master_lo.data_ptr()), u.code_m.data_ptr<uint8_t>(),
+                        u.code_v.data_ptr<uint8_t>(), u.absmax_m.data_ptr<float>(), u.absmax_v.data_ptr<float>(), grad,
+                        dt, n8, args);
+  } else if (n8 > 0) {
     if (on_cpu)
       cpu_adamw8bit(master, u.code_m.data_ptr<uint8_t>(), u.code_v.data_ptr<uint8_t>(), u.absmax_m.data_ptr<float>(),
                     u.absmax_v.data_ptr<float>(), grad, dt, out, dt, n8, args);
@@ -226,11 +248,12 @@ void ZeroEngine::update_unit(Unit& u, const void* grad, void* out, bool on_cpu, 
   if (n == n8) return;
   const void* g32 = static_cast<const char*>(grad) + n8 * esize;
   void* o32 = out ? static_cast<char*>(out) + n8 * esize : nullptr;
+  float* tail = u.split ? master : master + n8;  // split: `master` holds [n8, n) only
   if (on_cpu)
-    cpu_adamw(master + n8, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt, n - n8,
+    cpu_adamw(tail, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt, n - n8,
               args);
   else
-    kernels::adamw(master + n8, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt,
+    kernels::adamw(tail, u.exp_avg.data_ptr<float>(), u.exp_avg_sq.data_ptr<float>(), g32, dt, o32, dt,
                    n - n8, args, nullptr);
 }
 
@@ -273,7 +296,7 @@ void ZeroEngine::worker_loop() {
       job.wait();  // the unit's gradient shard has reached the host
       const auto t0 = std::chrono::steady_clock::now();
       Unit& u = units_[job.unit];
-      void* out = param_offload() ? u.shard.data_ptr() : u.staging.data_ptr();
+      void* out = param_offload() ? u.shard.data_ptr() : u.upload.data_ptr();
       update_unit(u, u.staging.data_ptr(), out, /*on_cpu=*/true, job.args);  // its own step's arguments
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
@@ -309,7 +332,7 @@ void ZeroEngine::upload_unit(size_t i) {
   const int stage = cfg_.zero_stage;
   torch::Tensor own;
   if (stage <= 2) own = u.full.narrow(0, opt_offset(u), opt_numel(u));
-  if (!param_offload()) rt_.copy_to_device_on_comm(stage == 3 ? u.shard : own, u.staging);
+  if (!param_offload()) rt_.copy_to_device_on_comm(stage == 3 ? u.shard : own, u.upload);
   if (stage <= 2) comm_.all_gather(own, u.full);
   u.upload_event = rt_.record_comm_event();
 }
@@ -542,7 +565,7 @@ torch::Tensor ZeroEngine::full_params_fp32() {
   std::vector<torch::Tensor> parts;
   for (Unit& u : units_) {
     torch::Tensor full = torch::empty({u.layout->padded_numel}, torch::dtype(torch::kFloat).device(rt_.device()));
-    torch::Tensor mine = u.master.to(rt_.device()).to(torch::kFloat).contiguous();
+    torch::Tensor mine = master_fp32(u).to(rt_.device()).to(torch::kFloat).contiguous();
     rt_.comm_waits_for_compute();
     if (cfg_.zero_stage == 0) {
       full.copy_(mine);
@@ -601,16 +624,32 @@ void ZeroEngine::load(const std::string& dir) {
 std::vector<torch::Tensor*> ZeroEngine::state_tensors(Unit& u) {
   std::vector<torch::Tensor*> out{&u.master, &u.exp_avg, &u.exp_avg_sq};
   if (u.n8 > 0) out.insert(out.end(), {&u.code_m, &u.code_v, &u.absmax_m, &u.absmax_v});
+  if (u.split) out.insert(out.end(), {&u.master_hi, &u.master_lo});
   return out;
+}
+
+torch::Tensor ZeroEngine::master_fp32(const Unit& u) const {
+  if (!u.split) return u.master;
+  torch::Tensor head = torch::empty({u.n8}, torch::kFloat);
+  join_master_n(reinterpret_cast<const uint16_t*>(u.master_hi.data_ptr()),
+                reinterpret_cast<const int16_t*>(u.master_lo.data_ptr()), head.data_ptr<float>(), u.n8);
+  return torch::cat({head, u.master});
+}
+
+torch::Tensor ZeroEngine::master_working(const Unit& u) const {
+  // Split: the upper halves are the copy training uploads (ties round away from zero there).
+  if (!u.split) return u.master;
+  return torch::cat({u.master_hi, u.master.to(work_dtype_)});
 }
 
 void ZeroEngine::refresh_working_from_master() {
   // After loading master weights: rebuild the working-precision parameters.
   const int stage = cfg_.zero_stage;
   for (Unit& u : units_) {
-    torch::Tensor m = u.master.to(rt_.device());
+    torch::Tensor m = master_working(u).to(rt_.device());
     if (stage == 3) {
-      if (u.shard.data_ptr() != u.master.data_ptr()) u.shard.copy_(u.master);
+      if (u.split && param_offload()) u.shard.narrow(0, u.n8, u.shard.numel() - u.n8).copy_(u.master);  // hi is in place
+      else if (u.shard.data_ptr() != u.master.data_ptr()) u.shard.copy_(m);
       continue;
     }
     torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));

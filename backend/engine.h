@@ -115,8 +115,13 @@ class ZeroEngine {
     torch::Tensor full_grad;  // stage 0/1: persistent; stage 2/3: one micro-batch's, transient
     torch::Tensor shard;      // stage 3: this rank's working-precision parameters (host with param offload)
     torch::Tensor grad_acc;   // stage 2/3 on the GPU: this rank's accumulated gradient shard
-    torch::Tensor staging;    // offload: pinned working-precision shard (gradients down, parameters up, in place)
-    torch::Tensor master;     // fp32 master shard (host with offload)
+    torch::Tensor staging;    // offload: pinned working-precision shard (gradients down; parameters up, in place,
+                              // unless the master weights are split)
+    torch::Tensor upload;     // offload: what the uploads read: `staging`, or with split master weights its own
+                              // pinned buffer (the shard itself with parameter offload)
+    torch::Tensor master;     // fp32 master shard (host with offload); with split master weights only [n8, n)
+    torch::Tensor master_hi, master_lo;  // split master weights of [0, n8) (cpu_adamw.h): hi views `upload`
+    bool split = false;       // 8-bit offload in bf16 with $STEPCAST_SPLIT_MASTER=1
     torch::Tensor exp_avg, exp_avg_sq;  // fp32 moments of the 32-bit range [n8, n) (all of it for AdamW)
     torch::Tensor code_m, code_v, absmax_m, absmax_v;  // 8-bit AdamW: moments of [0, n8)
     int64_t n8 = 0;           // leading parameters of the shard with 8-bit states
@@ -150,6 +155,8 @@ class ZeroEngine {
   void optimizer_step();
   void update_unit(Unit& u, const void* grad, void* out, bool on_cpu, const kernels::AdamWArgs& args);
   std::vector<torch::Tensor*> state_tensors(Unit& u);
+  torch::Tensor master_fp32(const Unit& u) const;   // the fp32 master shard (host), joined if split
+  torch::Tensor master_working(const Unit& u) const;  // it as the working copy (split: hi as it is)
   // The offload pipeline's worker.
   void enqueue_cpu_update(size_t u);
   void wait_cpu_update(size_t u);  // blocks until unit u's update of the step in flight is done
