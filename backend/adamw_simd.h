@@ -54,6 +54,22 @@ STEPCAST_TARGET_AVX512 inline void store_out16(void* out, kernels::DType od, int
   else _mm256_storeu_si256(dst, _mm512_cvtepi32_epi16(r));
 }
 
+// Split master weights (cpu_adamw.h: split_master / join_master), 16 lanes: the fp32
+// value from its halves, and the halves of a new value (the low 16 bits of both).
+STEPCAST_TARGET_AVX512 inline __m512 load_master16(const uint16_t* hi, const int16_t* lo, int64_t i) {
+  const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + i)));
+  const __m512i l = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 16), l));
+}
+
+STEPCAST_TARGET_AVX512 inline void store_master16(uint16_t* hi, int16_t* lo, int64_t i, __m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8000)), 16);
+  const __m512i r = _mm512_sub_epi32(u, _mm512_slli_epi32(h, 16));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_cvtepi32_epi16(h));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_cvtepi32_epi16(r));
+}
+
 // Whether the output copy takes non-temporal stores: 64-byte aligned (every chunk and block
 // starts at a multiple of 64 elements from it), unless STEPCAST_CPU_STREAM=0 (for comparison).
 bool can_stream(const void* out);
@@ -86,6 +102,23 @@ STEPCAST_TARGET_AVX2 inline void store_out8(void* out, kernels::DType od, int64_
   const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i),
                    _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+
+// Split master weights, 8 lanes (hi in [0, 0xffff] and lo in [-0x8000, 0x7fff]: the packs keep them).
+STEPCAST_TARGET_AVX2 inline __m256 load_master8(const uint16_t* hi, const int16_t* lo, int64_t i) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + i)));
+  const __m256i l = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + i)));
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(h, 16), l));
+}
+
+STEPCAST_TARGET_AVX2 inline void store_master8(uint16_t* hi, int16_t* lo, int64_t i, __m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x8000)), 16);
+  const __m256i r = _mm256_sub_epi32(u, _mm256_slli_epi32(h, 16));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + i),
+                   _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i),
+                   _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
 
 }  // namespace stepcast::backend

@@ -328,21 +328,10 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
     // sqrt(v) = v / sqrt(v), with v >= FLT_MIN in the estimate so that v = 0 gives 0.
     const __m512 root = _mm512_mul_ps(vi, _mm512_rsqrt14_ps(_mm512_max_ps(vi, tiny)));
     const __m512 inv_denom = _mm512_rcp14_ps(_mm512_fmadd_ps(root, ibc2, eps));
-    __m512 x_old;
-    if constexpr (kSplit) {  // bits = (hi << 16) + sign-extended lo
-      const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.hi + i)));
-      const __m512i l = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.lo + i)));
-      x_old = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 16), l));
-    } else {
-      x_old = _mm512_loadu_ps(b.p + i);
-    }
+    const __m512 x_old = kSplit ? load_master16(b.hi, b.lo, i) : _mm512_loadu_ps(b.p + i);
     const __m512 x = _mm512_fnmadd_ps(ss, _mm512_mul_ps(mi, inv_denom), _mm512_mul_ps(x_old, dec));
-    if constexpr (kSplit) {  // hi = (bits + 0x8000) >> 16, lo = bits - (hi << 16): the low halves of both
-      const __m512i u = _mm512_castps_si512(x);
-      const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8000)), 16);
-      const __m512i r = _mm512_sub_epi32(u, _mm512_slli_epi32(h, 16));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.hi + i), _mm512_cvtepi32_epi16(h));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.lo + i), _mm512_cvtepi32_epi16(r));
+    if constexpr (kSplit) {
+      store_master16(b.hi, b.lo, i, x);
     } else {
       _mm512_storeu_ps(b.p + i, x);
       store_out16_8bit<kNativeBf16>(b.out, b.od, i, x);
@@ -465,26 +454,13 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
     const __m256 m_old = _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), am);
     const __m256 v_old = _mm256_mul_ps(decode8(umap, cv), av);
     const __m256 gi = _mm256_mul_ps(load_grad8(b.g, i), k.sc);
-    __m256 x;
-    if (b.hi) {
-      const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.hi + i)));
-      const __m256i l = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.lo + i)));
-      x = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(h, 16), l)), k.dec);
-    } else {
-      x = _mm256_mul_ps(_mm256_loadu_ps(b.p + i), k.dec);
-    }
+    __m256 x = _mm256_mul_ps(b.hi ? load_master8(b.hi, b.lo, i) : _mm256_loadu_ps(b.p + i), k.dec);
     const __m256 mi = _mm256_fmadd_ps(k.b1, m_old, _mm256_mul_ps(k.omb1, gi));
     const __m256 vi = _mm256_fmadd_ps(k.b2, v_old, _mm256_mul_ps(k.omb2, _mm256_mul_ps(gi, gi)));
     const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), k.ibc2, k.eps);
     x = _mm256_sub_ps(x, _mm256_mul_ps(k.ss, _mm256_div_ps(mi, denom)));
     if (b.hi) {
-      const __m256i u = _mm256_castps_si256(x);
-      const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x8000)), 16);
-      const __m256i r = _mm256_sub_epi32(u, _mm256_slli_epi32(h, 16));  // in [-0x8000, 0x7fff]: packs keeps it
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(b.hi + i),
-                       _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(b.lo + i),
-                       _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+      store_master8(b.hi, b.lo, i, x);
     } else {
       _mm256_storeu_ps(b.p + i, x);
       store_out8(b.out, b.od, i, x);
@@ -519,10 +495,6 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
   }
   pass2_scalar(b, body, mb, vb, inv_m, inv_v);
 }
-
-}  // namespace
-
-namespace {
 
 // Either master (fp32) with out, or hi and lo (split master weights, no separate copy).
 void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,

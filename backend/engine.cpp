@@ -109,8 +109,8 @@ void ZeroEngine::init_parameters() {
       // their own pinned buffer (the host shard with parameter offload), updated in place.
       u.staging = torch::empty({n}, host_opts(work_dtype_));
       u.split = u.n8 > 0 && work_dtype_ == torch::kBFloat16 && split_master_enabled();
+      u.upload = param_offload() ? u.shard : u.split ? torch::empty({n}, host_opts(work_dtype_)) : u.staging;
       if (u.split) {
-        u.upload = param_offload() ? u.shard : torch::empty({n}, host_opts(work_dtype_));
         u.master_hi = u.upload.narrow(0, 0, u.n8);
         u.master_lo = torch::empty({u.n8}, state(torch::kInt16));
         const torch::Tensor head = own.narrow(0, 0, u.n8).to(torch::kCPU).contiguous();
@@ -119,7 +119,6 @@ void ZeroEngine::init_parameters() {
         u.master = torch::empty({n - u.n8}, state(torch::kFloat));
         u.master.copy_(own.narrow(0, u.n8, n - u.n8));
       } else {
-        u.upload = u.staging;
         u.master = torch::empty({n}, state(torch::kFloat));
         u.master.copy_(own);
       }
@@ -296,8 +295,7 @@ void ZeroEngine::worker_loop() {
       job.wait();  // the unit's gradient shard has reached the host
       const auto t0 = std::chrono::steady_clock::now();
       Unit& u = units_[job.unit];
-      void* out = param_offload() ? u.shard.data_ptr() : u.upload.data_ptr();
-      update_unit(u, u.staging.data_ptr(), out, /*on_cpu=*/true, job.args);  // its own step's arguments
+      update_unit(u, u.staging.data_ptr(), u.upload.data_ptr(), /*on_cpu=*/true, job.args);  // its own step's arguments
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       std::lock_guard<std::mutex> lock(worker_.mu);
@@ -621,6 +619,10 @@ void ZeroEngine::load(const std::string& dir) {
   refresh_working_from_master();
 }
 
+bool ZeroEngine::splits_master() const {
+  return std::any_of(units_.begin(), units_.end(), [](const Unit& u) { return u.split; });
+}
+
 std::vector<torch::Tensor*> ZeroEngine::state_tensors(Unit& u) {
   std::vector<torch::Tensor*> out{&u.master, &u.exp_avg, &u.exp_avg_sq};
   if (u.n8 > 0) out.insert(out.end(), {&u.code_m, &u.code_v, &u.absmax_m, &u.absmax_v});
@@ -648,7 +650,7 @@ void ZeroEngine::refresh_working_from_master() {
   for (Unit& u : units_) {
     torch::Tensor m = master_working(u).to(rt_.device());
     if (stage == 3) {
-      if (u.split && param_offload()) u.shard.narrow(0, u.n8, u.shard.numel() - u.n8).copy_(u.master);  // hi is in place
+      if (u.split && param_offload()) u.shard.narrow(0, u.n8, u.master.numel()).copy_(u.master);  // hi is in place
       else if (u.shard.data_ptr() != u.master.data_ptr()) u.shard.copy_(m);
       continue;
     }

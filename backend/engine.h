@@ -105,6 +105,7 @@ class ZeroEngine {
 
   int64_t step_count() const { return step_; }
   int64_t num_params() const { return total_numel(layout_); }
+  bool splits_master() const;  // some unit holds split master weights (8-bit offload, bf16, $STEPCAST_SPLIT_MASTER=1)
   const std::vector<UnitLayout>& layout() const { return layout_; }
 
  private:
@@ -117,8 +118,9 @@ class ZeroEngine {
     torch::Tensor grad_acc;   // stage 2/3 on the GPU: this rank's accumulated gradient shard
     torch::Tensor staging;    // offload: pinned working-precision shard (gradients down; parameters up, in place,
                               // unless the master weights are split)
-    torch::Tensor upload;     // offload: what the uploads read: `staging`, or with split master weights its own
-                              // pinned buffer (the shard itself with parameter offload)
+    torch::Tensor upload;     // offload: where the CPU optimizer writes the parameters: the host shard with
+                              // parameter offload, else what the uploads read (`staging`, or with split master
+                              // weights a pinned buffer of its own)
     torch::Tensor master;     // fp32 master shard (host with offload); with split master weights only [n8, n)
     torch::Tensor master_hi, master_lo;  // split master weights of [0, n8) (cpu_adamw.h): hi views `upload`
     bool split = false;       // 8-bit offload in bf16 with $STEPCAST_SPLIT_MASTER=1

@@ -155,8 +155,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
                             {"simd", simd_name(tuned_simd_level(k))},
                             {"cpus", cpu_list_string(rank_cores)},
                             {"bound", cpu_binding_enabled()},
-                            {"split_master", cfg.optimizer == OptimizerKind::kAdamW8bit &&
-                                                 cfg.precision == Precision::kBf16 && split_master_enabled()}};
+                            {"split_master", engine->splits_master()}};
   }
   if (lead && !f.quiet) {
     std::printf("train: %s (%lld parameters), %s, stage %d, offload %s/%s, %s, micro-batch %lld x GAS %lld x %d ranks, seq %lld%s\n",

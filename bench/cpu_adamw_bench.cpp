@@ -189,17 +189,15 @@ int run(int argc, char** argv) {
   }
   for (size_t i = 0; i < rows.size(); ++i) rows[i].s = median(times[i]);
   const double bw = 28.0 * n / rows.front().s;
-  size_t fp32_best = 0, q8_best = 0, split_best = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i].kind == Kind::kFp32Bf16Grad && (fp32_best == 0 || rows[i].s < rows[fp32_best].s)) fp32_best = i;
-    if (rows[i].kind == Kind::k8bit && (q8_best == 0 || rows[i].s < rows[q8_best].s)) q8_best = i;
-    if (rows[i].kind == Kind::k8bitSplit && (split_best == 0 || rows[i].s < rows[split_best].s)) split_best = i;
-  }
   rows.erase(rows.begin());  // the probe is reported as the bound, not as a variant
-  --fp32_best;
-  --q8_best;
-  const bool have_split = split_best > 0;
-  if (have_split) --split_best;
+  // The fastest row of a kind (its index), or -1 where the run has none.
+  const auto best = [&](Kind kind) {
+    int found = -1;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].kind == kind && (found < 0 || rows[i].s < rows[found].s)) found = static_cast<int>(i);
+    return found;
+  };
+  const int fp32_best = best(Kind::kFp32Bf16Grad), q8_best = best(Kind::k8bit), split_best = best(Kind::k8bitSplit);
 
   const double ref = rows.front().s;
   std::printf("CPU AdamW, %lld parameters, %d threads, SIMD available: %s (auto-tuned: fp32 %s, 8-bit %s), LibTorch %s\n",
@@ -225,7 +223,7 @@ int run(int argc, char** argv) {
   std::printf("ratios: fp32 states (bf16 grad, best) vs torch + copy: %.2fx (goal >= 1.15x); "
               "8-bit (best) vs our fp32: %.2fx (goal >= 1.7x)\n",
               ref / rows[fp32_best].s, rows[fp32_best].s / rows[q8_best].s);
-  if (have_split)
+  if (split_best >= 0)
     std::printf("        8-bit with split master weights (best) vs our fp32: %.2fx; vs 8-bit with fp32 master: %.2fx\n",
                 rows[fp32_best].s / rows[split_best].s, rows[q8_best].s / rows[split_best].s);
   return 0;
