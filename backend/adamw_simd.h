@@ -62,12 +62,13 @@ STEPCAST_TARGET_AVX512 inline __m512 load_master16(const uint16_t* hi, const int
   return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 16), l));
 }
 
+// The remainder x - (hi << 16) is in [-0x8000, 0x7fff], so its 16 bits are x's own low
+// 16 bits: the truncating conversion stores it.
 STEPCAST_TARGET_AVX512 inline void store_master16(uint16_t* hi, int16_t* lo, int64_t i, __m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8000)), 16);
-  const __m512i r = _mm512_sub_epi32(u, _mm512_slli_epi32(h, 16));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_cvtepi32_epi16(h));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_cvtepi32_epi16(r));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_cvtepi32_epi16(u));
 }
 
 // Whether the output copy takes non-temporal stores: 64-byte aligned (every chunk and block

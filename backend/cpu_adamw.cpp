@@ -111,7 +111,9 @@ STEPCAST_TARGET_AVX2 void adamw_avx2(float* p, float* m, float* v, GradIn g, voi
 SimdLevel cpu_simd_level() {
   static const SimdLevel level = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return SimdLevel::kAvx512;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd"))
+      return SimdLevel::kAvx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SimdLevel::kAvx2;
     return SimdLevel::kScalar;
   }();

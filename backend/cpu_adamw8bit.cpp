@@ -74,7 +74,7 @@ void block_scalar(const Block8& b, const Consts& c) {
   pass2_scalar(b, 0, mb, vb, max_m > 0 ? 1.0f / max_m : 0.0f, max_v > 0 ? 1.0f / max_v : 0.0f);
 }
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd")))
 
 // Software prefetch of a later block into L2 while this one is computed: the two passes
 // are compute-heavy, and the hardware streamers restart at every 4 KiB page of the five
@@ -132,124 +132,128 @@ AVX512 inline __m512i load_codes(const uint8_t* q) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
 }
 
-// The AVX-512 body is written for few operations per element (it is compute-
-// bound on 16 threads of a Sapphire Rapids host, where fp32 AdamW is memory-
-// bound): both directions of the map are table lookups keyed by a float's
-// exponent, the tables carry the block's scale, and the reciprocal square
-// root and reciprocal are the 14-bit estimates (relative error 2^-14, far
-// under the 8-bit states' own; the fp32 kernel keeps exact division).
+// The AVX-512 body is written for few vector operations per element: on 16
+// threads of the one-GPU H200 host's Xeon it is bound by the vector ports
+// (pass 1 alone runs at the DRAM bound, pass 2 alone at twice the speed of
+// both; 2026-12-01 measurement in docs/backend_v2_results.md). Both directions
+// of the map are table lookups in registers, the tables carry the block's
+// scale, and the reciprocal square root and reciprocal are the 14-bit
+// estimates (relative error 2^-14, far under the 8-bit states' own; the fp32
+// kernel keeps exact division).
 //
-// Decoding: the code c, as a float f = c x 2^shift, has exponent 127 + shift
-// + level and its top fraction bit splits the level in two; bits(f) >> 22
-// (5 bits) picks one of 32 slots holding the level's line: value =
-// f x slope + intercept. Every code of a slot lies on one line (checked when
-// the table is built). The signed map's magnitude is shifted by 24, next to
-// the sign bit, which then flips the value.
-struct DecodeTable {
-  alignas(64) float intercept[32];
-  alignas(64) float slope[32];
-};
-
+// Decoding: the code's magnitude as an integer (the m code's 7 bits shifted
+// up by 24, next to its sign bit; the v code as is) has the level in its
+// leading zeros, lzcnt = 31 - shift - level, and lzcnt & 15 picks one of 16
+// slots (32 for code 0: slot 0) holding the level's line, value =
+// float(integer) x slope + intercept: one-register lookups.
 uint32_t float_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
 
+struct DecodeTable {
+  alignas(64) float intercept[16];
+  alignas(64) float slope[16];
+};
+
 DecodeTable decode_table(const quant8::Map& m, int shift) {
-  DecodeTable t{};
-  bool used[32] = {};
-  int zero_slot_codes = 0;
-  const int codes = 1 << m.bits;
-  for (int c = 0; c < codes; ++c) {
-    const float f = std::ldexp(static_cast<float>(c), shift);
-    const int s = static_cast<int>(float_bits(f) >> 22) & 31;
-    const float value = quant8::decode_magnitude(m, static_cast<uint8_t>(c));
-    float slope, intercept;
-    if (c == 0 || (s == 0 && shift == 0)) {
-      // Code 0 is f = 0, slot 0, which (unshifted) it shares with code 2: the line through the origin.
-      ++zero_slot_codes;
-      slope = c == 0 ? 0.0f : value / f;
-      intercept = 0.0f;
-      if (c == 0 && shift == 0) continue;  // the next code of slot 0 sets the slope
-    } else {
-      const int level = 31 - __builtin_clz(static_cast<unsigned>(c));
-      slope = level == 0 ? 0.0f : std::ldexp(m.step[level], -shift);
-      intercept = level == 0 ? m.first[0] : m.first[level] - static_cast<float>(1 << level) * m.step[level];
-    }
-    if (used[s] && (t.slope[s] != slope || t.intercept[s] != intercept))
-      throw std::logic_error("quant8: two lines share a decode slot");
-    used[s] = true;
-    t.slope[s] = slope;
-    t.intercept[s] = intercept;
+  DecodeTable t{};  // slot 0: code 0, the zero line
+  bool used[16] = {true};
+  for (int level = 0; level < m.bits; ++level) {
+    const int slot = (31 - shift - level) & 15;
+    if (used[slot]) throw std::logic_error("quant8: two levels share a decode slot");
+    used[slot] = true;
+    // Level 0 is one point; the others are lines through their evenly spaced points.
+    t.slope[slot] = level == 0 ? 0.0f : std::ldexp(m.step[level], -shift);
+    t.intercept[slot] = level == 0 ? m.first[0] : m.first[level] - static_cast<float>(1 << level) * m.step[level];
   }
-  if (shift == 0 && zero_slot_codes != 2) throw std::logic_error("quant8: slot 0 holds codes other than 0 and 2");
+  for (int c = 0; c < (1 << m.bits); ++c) {  // every code decodes to its point (to float rounding)
+    const int slot = (c == 0 ? 32 : __builtin_clz(static_cast<unsigned>(c) << shift)) & 15;
+    const float f = std::ldexp(static_cast<float>(c), shift);
+    const float value = std::fma(f, t.slope[slot], t.intercept[slot]);
+    const float point = quant8::decode_magnitude(m, static_cast<uint8_t>(c));
+    if (std::fabs(value - point) > 1e-6f * point) throw std::logic_error("quant8: a decode line misses its point");
+  }
   return t;
 }
 
-// Encoding: y in [2^-31, 1] (clamped) is looked up by its exponent e (slot e & 31,
-// one slot per binade). A binade holds at most one of the thresholds between
-// levels (checked here); the slot gives the level index below it (base) and
-// that threshold (split, 2 if none). Level index k: 0 below the zero
-// threshold, level + 1 above; per k, code = min(round(y x inv_step + offset), top).
-// Rounding cannot fall below the level's first code: the gap between levels is
-// exactly the upper level's step, so at the threshold t = 2^level - 0.5.
+// Encoding: y in [2^-31, 1] (clamped) is looked up by its exponent e: slot
+// (e >> 1) & 15, one slot per two binades, so that the tables fit one register
+// each. The level index k is 0 below the zero threshold and level + 1 above;
+// the code is round(y x inv_step[k] + offset[k]), with no clamp: k switches
+// from level L to L + 1 at L's last point (not at the midpoint to the next
+// level's first point), so that between that point and the midpoint the upper
+// level's line, whose step is 5x wider, still rounds to L's last code, and a
+// level's own line never reaches past its last code. A slot holds at most one
+// switch: the switches are a decade apart, but for the zero threshold and
+// level 0's (a factor of 2), where level 0's moves up to the next slot if
+// needed (anywhere below the midpoint to level 1 gives the same codes). The
+// slot gives the k below its switch (base) and the switch (split, 2 if none).
 struct EncodeTable {
-  alignas(64) float split[32];
-  alignas(64) int32_t base[32];
+  alignas(64) float split[16];
+  alignas(64) int32_t base[16];
   alignas(64) float inv_step[16];
   alignas(64) float offset[16];
-  alignas(64) int32_t top[16];
 };
+
+int encode_slot(float y) { return static_cast<int>(float_bits(y) >> 24) & 15; }
 
 EncodeTable encode_table(const quant8::Map& m, int below_zero_code) {
   EncodeTable t{};
-  std::vector<float> thresholds{m.zero_threshold};
-  for (int k = 0; k + 1 < m.bits; ++k) thresholds.push_back(m.threshold[k]);
-  for (int s = 0; s < 32; ++s) {
-    const float lo = std::ldexp(1.0f, s - 31), hi = 2.0f * lo;  // exponent 96 + s
+  std::vector<float> switches{m.zero_threshold};
+  for (int level = 0; level + 1 < m.bits; ++level) {
+    const float last = quant8::decode_magnitude(m, static_cast<uint8_t>((2 << level) - 1));
+    float sw = last;
+    if (encode_slot(sw) == encode_slot(switches.back())) {
+      const int e = static_cast<int>(float_bits(sw) >> 23) - 127;  // sw's binade: 2^e
+      sw = std::ldexp(1.0f, e + 1 + ((e + 127) & 1 ? 0 : 1));     // the next slot starts at an even exponent + 127
+      // Level L's line reaches past its last code half a step above it; level 0 is one point.
+      const float limit = level == 0 ? m.threshold[0] : last + 0.5f * m.step[level];
+      if (encode_slot(sw) == encode_slot(switches.back()) || sw >= limit)
+        throw std::logic_error("quant8: no room for a level switch");
+    }
+    switches.push_back(sw);
+  }
+  for (int s = 0; s < 16; ++s) t.split[s] = 2.0f;
+  for (int e = -31; e <= 0; e += 2) {  // slot of [2^e, 2^(e+2)): e + 127 even
+    const float lo = std::ldexp(1.0f, e), hi = 4.0f * lo;
+    const int s = encode_slot(lo);
     int base = 0, inside = 0;
-    t.split[s] = 2.0f;
-    for (float thr : thresholds) {
-      if (thr <= lo) ++base;
-      else if (thr < hi) {
-        t.split[s] = thr;
+    for (float sw : switches) {
+      if (sw <= lo) ++base;
+      else if (sw < hi) {
+        t.split[s] = sw;
         ++inside;
       }
     }
-    if (inside > 1) throw std::logic_error("quant8: a binade holds two level thresholds");
+    if (inside > 1) throw std::logic_error("quant8: a slot holds two level switches");
     t.base[s] = base;
   }
   t.inv_step[0] = 0.0f;
   t.offset[0] = static_cast<float>(below_zero_code);
-  t.top[0] = below_zero_code;
   for (int level = 0; level < m.bits; ++level) {
     t.inv_step[level + 1] = m.inv_step[level];
     t.offset[level + 1] = static_cast<float>(1 << level) - m.first[level] * m.inv_step[level];
-    t.top[level + 1] = (2 << level) - 1;
   }
   return t;
 }
 
 struct EncodeRegs {
-  __m512 split_lo, split_hi, inv_step, offset;
-  __m512i base_lo, base_hi, top;
+  __m512 split, inv_step, offset;
+  __m512i base;
 };
 
 AVX512 EncodeRegs encode_regs(const EncodeTable& t) {
-  return {_mm512_load_ps(t.split),     _mm512_load_ps(t.split + 16),
-          _mm512_load_ps(t.inv_step),  _mm512_load_ps(t.offset),
-          _mm512_load_si512(t.base),   _mm512_load_si512(t.base + 16),
-          _mm512_load_si512(t.top)};
+  return {_mm512_load_ps(t.split), _mm512_load_ps(t.inv_step), _mm512_load_ps(t.offset), _mm512_load_si512(t.base)};
 }
 
-// y already in [2^-31, 1].
-AVX512 inline __m512 encode_t(const EncodeRegs& r, __m512 y, __m512i& top) {
-  const __m512i s = _mm512_srli_epi32(_mm512_castps_si512(y), 23);  // permutes read its low 5 bits
-  __m512i k = _mm512_permutex2var_epi32(r.base_lo, s, r.base_hi);
-  const __m512 split = _mm512_permutex2var_ps(r.split_lo, s, r.split_hi);
+// y already in [2^-31, 1]: the code, before its conversion to an integer (round to nearest even).
+AVX512 inline __m512 encode_t(const EncodeRegs& r, __m512 y) {
+  const __m512i s = _mm512_srli_epi32(_mm512_castps_si512(y), 24);  // permutes read its low 4 bits
+  __m512i k = _mm512_permutexvar_epi32(s, r.base);
+  const __m512 split = _mm512_permutexvar_ps(s, r.split);
   k = _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(y, split, _CMP_GE_OQ), k, _mm512_set1_epi32(1));
-  top = _mm512_permutexvar_epi32(k, r.top);
   return _mm512_fmadd_ps(y, _mm512_permutexvar_ps(k, r.inv_step), _mm512_permutexvar_ps(k, r.offset));
 }
 
@@ -261,88 +265,97 @@ AVX512 inline void store_codes64(uint8_t* q, __m512i a, __m512i b, __m512i c, __
   _mm512_storeu_si512(q, _mm512_permutexvar_epi32(order, packed));
 }
 
+// What a block's parameters come from and go to, fixed per call (template
+// arguments, so that the loop holds no branch on them).
+enum class Out { kNone, kBf16, kBf16Native, kFp32, kSplit };
+
 // The bf16 copy: the AVX512_BF16 conversion where the CPU has it (round to nearest
 // even; it also flushes fp32 denormals, which parameters are not), else the integer
 // rounding of store_out16. Inline assembly, so that this function needs no BF16 target.
 // Plain stores: with the fp32 kernel's non-temporal stores (half lines, interleaved with
 // this kernel's two passes) the 8-bit update ran 2.1x slower at 16 threads on the H200
 // host's Xeon (2.98 against 6.27 Gparam/s, same run).
-template <bool kNativeBf16>
-AVX512 inline void store_out16_8bit(void* out, kernels::DType od, int64_t i, __m512 x) {
-  if constexpr (kNativeBf16) {
-    if (out && od == kernels::DType::kBFloat16) {
-      __m256i h;
-      asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), h);
-      return;
-    }
+template <Out kOut>
+AVX512 inline void store_copy(void* out, int64_t i, __m512 x) {
+  if constexpr (kOut == Out::kBf16Native) {
+    __m256i h;
+    asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), h);
+  } else if constexpr (kOut == Out::kBf16) {
+    store_out16(out, kernels::DType::kBFloat16, i, x);
+  } else if constexpr (kOut == Out::kFp32) {
+    _mm512_storeu_ps(static_cast<float*>(out) + i, x);
   }
-  store_out16(out, od, i, x);
 }
 
-template <bool kNativeBf16, bool kSplit>
+template <Out kOut, bool kGradBf16>
 AVX512 void block_avx512(const Block8& b, const Consts& c) {
+  constexpr bool kSplit = kOut == Out::kSplit;
   alignas(64) float mb[kBlock], vb[kBlock];
   static const DecodeTable sdec = decode_table(quant8::signed_magnitudes(), 24);
   static const DecodeTable udec = decode_table(quant8::unsigned_map(), 0);
   static const EncodeTable senc = encode_table(quant8::signed_magnitudes(), 0);
   static const EncodeTable uenc = encode_table(quant8::unsigned_map(), 1);
+  // Locals, so that the loop does not reload them after every store.
+  float* const p = b.p;
+  uint16_t* const hi = b.hi;
+  int16_t* const lo = b.lo;
+  uint8_t* const qm = b.qm;
+  uint8_t* const qv = b.qv;
+  void* const out = b.out;
+  const GradIn g_in{b.g.ptr, kGradBf16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32};
+  const int64_t n = b.n;
   // The block's scale and the betas ride in the decode lines: they give b1 m and b2 v.
   const __m512 sm = _mm512_set1_ps(*b.am * c.b1), sv = _mm512_set1_ps(*b.av * c.b2);
-  const __m512 m_int_lo = _mm512_mul_ps(_mm512_load_ps(sdec.intercept), sm);
-  const __m512 m_int_hi = _mm512_mul_ps(_mm512_load_ps(sdec.intercept + 16), sm);
-  const __m512 m_slope_lo = _mm512_mul_ps(_mm512_load_ps(sdec.slope), sm);
-  const __m512 m_slope_hi = _mm512_mul_ps(_mm512_load_ps(sdec.slope + 16), sm);
-  const __m512 v_int_lo = _mm512_mul_ps(_mm512_load_ps(udec.intercept), sv);
-  const __m512 v_int_hi = _mm512_mul_ps(_mm512_load_ps(udec.intercept + 16), sv);
-  const __m512 v_slope_lo = _mm512_mul_ps(_mm512_load_ps(udec.slope), sv);
-  const __m512 v_slope_hi = _mm512_mul_ps(_mm512_load_ps(udec.slope + 16), sv);
+  const __m512 m_int = _mm512_mul_ps(_mm512_load_ps(sdec.intercept), sm);
+  const __m512 m_slope = _mm512_mul_ps(_mm512_load_ps(sdec.slope), sm);
+  const __m512 v_int = _mm512_mul_ps(_mm512_load_ps(udec.intercept), sv);
+  const __m512 v_slope = _mm512_mul_ps(_mm512_load_ps(udec.slope), sv);
   // The gradient's scale rides in the moments' gradient terms.
   const __m512 gm = _mm512_set1_ps(c.one_minus_b1 * c.scale), gv = _mm512_set1_ps(c.one_minus_b2 * c.scale * c.scale);
   const __m512 dec = _mm512_set1_ps(c.decay), ibc2 = _mm512_set1_ps(c.inv_bc2_sqrt), eps = _mm512_set1_ps(c.eps),
                ss = _mm512_set1_ps(c.step_size), tiny = _mm512_set1_ps(FLT_MIN);
   const __m512i sign_bit = _mm512_set1_epi32(INT32_MIN), magnitude_bits = _mm512_set1_epi32(0x7F000000);
-  __m512 vmax_m = _mm512_setzero_ps(), vmin_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
+  __m512 vmax_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
   const int plan = prefetch_plan();
   const PrefetchLines ahead(b, plan == kPrefetchPass2 ? 1 : plan);
-  const bool spread = plan > 0 && b.n == kBlock;
-  const int64_t body = b.n / 16 * 16;
+  const bool spread = plan > 0 && n == kBlock;
+  const int64_t body = n / 16 * 16;
   for (int64_t i = 0; i < body; i += 16) {
     if (spread && (i & 127) == 0) ahead.group(i / 128);  // groups 0 .. 15
-    // b1 m_old: the magnitude bits as f = (code & 0x7F) << 24, the sign (bit 7) flips the value.
-    const __m512i shifted = _mm512_slli_epi32(load_codes(b.qm + i), 24);
-    const __m512 fm = _mm512_cvtepi32_ps(_mm512_and_si512(shifted, magnitude_bits));
-    const __m512i sm_slot = _mm512_srli_epi32(_mm512_castps_si512(fm), 22);
-    const __m512 m_mag = _mm512_fmadd_ps(fm, _mm512_permutex2var_ps(m_slope_lo, sm_slot, m_slope_hi),
-                                         _mm512_permutex2var_ps(m_int_lo, sm_slot, m_int_hi));
+    // b1 m_old: the magnitude bits as (code & 0x7F) << 24; the sign (bit 7, now 31) flips the value.
+    const __m512i shifted = _mm512_slli_epi32(load_codes(qm + i), 24);
+    const __m512i mag = _mm512_and_si512(shifted, magnitude_bits);
+    const __m512i m_slot = _mm512_lzcnt_epi32(mag);
+    const __m512 m_mag = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mag), _mm512_permutexvar_ps(m_slot, m_slope),
+                                         _mm512_permutexvar_ps(m_slot, m_int));
     const __m512 m_old = _mm512_castsi512_ps(
         _mm512_ternarylogic_epi32(_mm512_castps_si512(m_mag), shifted, sign_bit, 0x78));  // A ^ (B & C)
     // b2 v_old.
-    const __m512 fv = _mm512_cvtepi32_ps(load_codes(b.qv + i));
-    const __m512i sv_slot = _mm512_srli_epi32(_mm512_castps_si512(fv), 22);
-    const __m512 v_old = _mm512_fmadd_ps(fv, _mm512_permutex2var_ps(v_slope_lo, sv_slot, v_slope_hi),
-                                         _mm512_permutex2var_ps(v_int_lo, sv_slot, v_int_hi));
-    const __m512 g = load_grad16(b.g, i);
+    const __m512i cv = load_codes(qv + i);
+    const __m512i v_slot = _mm512_lzcnt_epi32(cv);
+    const __m512 v_old = _mm512_fmadd_ps(_mm512_cvtepi32_ps(cv), _mm512_permutexvar_ps(v_slot, v_slope),
+                                         _mm512_permutexvar_ps(v_slot, v_int));
+    const __m512 g = load_grad16(g_in, i);
     const __m512 mi = _mm512_fmadd_ps(gm, g, m_old);
     const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(gv, g), g, v_old);
     // sqrt(v) = v / sqrt(v), with v >= FLT_MIN in the estimate so that v = 0 gives 0.
     const __m512 root = _mm512_mul_ps(vi, _mm512_rsqrt14_ps(_mm512_max_ps(vi, tiny)));
     const __m512 inv_denom = _mm512_rcp14_ps(_mm512_fmadd_ps(root, ibc2, eps));
-    const __m512 x_old = kSplit ? load_master16(b.hi, b.lo, i) : _mm512_loadu_ps(b.p + i);
+    const __m512 x_old = kSplit ? load_master16(hi, lo, i) : _mm512_loadu_ps(p + i);
     const __m512 x = _mm512_fnmadd_ps(ss, _mm512_mul_ps(mi, inv_denom), _mm512_mul_ps(x_old, dec));
     if constexpr (kSplit) {
-      store_master16(b.hi, b.lo, i, x);
+      store_master16(hi, lo, i, x);
     } else {
-      _mm512_storeu_ps(b.p + i, x);
-      store_out16_8bit<kNativeBf16>(b.out, b.od, i, x);
+      _mm512_storeu_ps(p + i, x);
+      store_copy<kOut>(out, i, x);
     }
     _mm512_store_ps(mb + i, mi);
     _mm512_store_ps(vb + i, vi);
-    vmax_m = _mm512_max_ps(vmax_m, mi);
-    vmin_m = _mm512_min_ps(vmin_m, mi);
+    vmax_m = _mm512_range_ps(vmax_m, mi, 0x0B);  // max(|a|, |b|), sign cleared
     vmax_v = _mm512_max_ps(vmax_v, vi);
   }
-  float max_m = std::max(_mm512_reduce_max_ps(vmax_m), -_mm512_reduce_min_ps(vmin_m));
+  float max_m = _mm512_reduce_max_ps(vmax_m);
   float max_v = _mm512_reduce_max_ps(vmax_v);
   pass1_scalar(b, body, c, mb, vb, max_m, max_v);
   *b.am = max_m;
@@ -351,32 +364,31 @@ AVX512 void block_avx512(const Block8& b, const Consts& c) {
 
   const EncodeRegs es = encode_regs(senc), eu = encode_regs(uenc);
   const __m512 vinv_m = _mm512_set1_ps(inv_m), vinv_v = _mm512_set1_ps(inv_v), ones = _mm512_set1_ps(1.0f),
-               floor_y = _mm512_set1_ps(0x1p-31f), abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(INT32_MAX));
+               floor_y = _mm512_set1_ps(0x1p-31f);
   const __m512i sign_to_bit7 = _mm512_set1_epi32(0x80);
-  const int64_t body64 = b.n / 64 * 64;
+  const int64_t body64 = n / 64 * 64;
   // Pass 2 works in L1: without prefetches it leaves the memory bus idle.
   for (int64_t i = 0; i < body64; i += 64) {
     const int64_t line = i / 64;  // 0 .. 31
     if (plan == kPrefetchPass2) ahead.group(line);
     else if (spread && (line & 1) == 0) ahead.group(16 + line / 2);  // groups 16 .. 31
-    __m512i qm[4], qv[4];
+    __m512i cm[4], cv[4];
     for (int u = 0; u < 4; ++u) {
       const int64_t k = i + 16 * u;
-      // min(y, 1) also maps NaN to 1 (the second operand is returned), as the scalar encoder does.
+      // min(|m|, 1) with the sign cleared, then at least 2^-31. A NaN moment (from a NaN
+      // gradient, after which training has diverged anyway) gives code 0 here, 1 in the
+      // scalar and CUDA encoders.
       const __m512 m = _mm512_mul_ps(_mm512_load_ps(mb + k), vinv_m);
-      const __m512 ym = _mm512_max_ps(_mm512_min_ps(_mm512_and_ps(m, abs_mask), ones), floor_y);
-      __m512i top;
-      const __m512 tm = encode_t(es, ym, top);
-      qm[u] = _mm512_ternarylogic_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(tm), top),
-                                        _mm512_srli_epi32(_mm512_castps_si512(m), 24), sign_to_bit7,
+      const __m512 ym = _mm512_max_ps(_mm512_range_ps(m, ones, 0x0A), floor_y);
+      cm[u] = _mm512_ternarylogic_epi32(_mm512_cvtps_epi32(encode_t(es, ym)), _mm512_srli_epi32(_mm512_castps_si512(m), 24), sign_to_bit7,
                                         0xF8);  // A | (B & C): the sign into bit 7
+      // min(y, 1) also maps NaN to 1 (the second operand is returned), as the scalar encoder does.
       const __m512 yv0 = _mm512_min_ps(_mm512_mul_ps(_mm512_load_ps(vb + k), vinv_v), ones);
       const __mmask16 positive = _mm512_cmp_ps_mask(yv0, _mm512_setzero_ps(), _CMP_GT_OQ);
-      const __m512 tv = encode_t(eu, _mm512_max_ps(yv0, floor_y), top);
-      qv[u] = _mm512_min_epi32(_mm512_maskz_cvtps_epi32(positive, tv), top);  // 0 stays 0; positive is >= 1
+      cv[u] = _mm512_maskz_cvtps_epi32(positive, encode_t(eu, _mm512_max_ps(yv0, floor_y)));  // 0 stays 0
     }
-    store_codes64(b.qm + i, qm[0], qm[1], qm[2], qm[3]);
-    store_codes64(b.qv + i, qv[0], qv[1], qv[2], qv[3]);
+    store_codes64(qm + i, cm[0], cm[1], cm[2], cm[3]);
+    store_codes64(qv + i, cv[0], cv[1], cv[2], cv[3]);
   }
   pass2_scalar(b, body64, mb, vb, inv_m, inv_v);
 }
@@ -496,6 +508,22 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
   pass2_scalar(b, body, mb, vb, inv_m, inv_v);
 }
 
+template <bool kGradBf16>
+void (*avx512_body_for(Out kind))(const Block8&, const Consts&) {
+  switch (kind) {
+    case Out::kNone: return block_avx512<Out::kNone, kGradBf16>;
+    case Out::kBf16: return block_avx512<Out::kBf16, kGradBf16>;
+    case Out::kBf16Native: return block_avx512<Out::kBf16Native, kGradBf16>;
+    case Out::kFp32: return block_avx512<Out::kFp32, kGradBf16>;
+    case Out::kSplit: return block_avx512<Out::kSplit, kGradBf16>;
+  }
+  return nullptr;
+}
+
+void (*avx512_body(Out kind, bool grad_bf16))(const Block8&, const Consts&) {
+  return grad_bf16 ? avx512_body_for<true>(kind) : avx512_body_for<false>(kind);
+}
+
 // Either master (fp32) with out, or hi and lo (split master weights, no separate copy).
 void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
           kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& a,
@@ -508,6 +536,13 @@ void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, fl
     return __builtin_cpu_supports("avx512bf16") != 0;
   }();
   const int64_t gsize = grad_dtype == kernels::DType::kBFloat16 ? 2 : 4;
+  const bool grad_bf16 = grad_dtype == kernels::DType::kBFloat16;
+  const Out kind = hi ? Out::kSplit
+                   : !out ? Out::kNone
+                   : out_dtype == kernels::DType::kFloat32 ? Out::kFp32
+                   : has_bf16 ? Out::kBf16Native
+                              : Out::kBf16;
+  void (*const avx512)(const Block8&, const Consts&) = avx512_body(kind, grad_bf16);
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; s += kBlock) {
@@ -524,11 +559,7 @@ void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, fl
                out_dtype,
                std::min(kBlock, n - s)};
       switch (level) {
-        case SimdLevel::kAvx512:
-          if (hi) block_avx512<false, true>(b, c);
-          else if (has_bf16) block_avx512<true, false>(b, c);
-          else block_avx512<false, false>(b, c);
-          break;
+        case SimdLevel::kAvx512: avx512(b, c); break;
         case SimdLevel::kAvx2: block_avx2(b, c); break;
         default: block_scalar(b, c); break;
       }

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -383,6 +384,100 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
   const double apart = (scalar - master).norm().item<double>();
   CHECK(travelled > 1e-3);
   CHECK(apart < 0.05 * travelled);
+}
+
+TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the nearest points)") {
+  // With beta1 = beta2 = 0 and fp32 gradients the new moments are m = g and v = g * g
+  // exactly, and a block whose first gradient is 1 has absmax 1, so that every kernel
+  // encodes y = |g| (first moment, with g's sign) and y = g * g (second moment). The scalar
+  // encoder is checked against a brute-force nearest point above. The values: every point
+  // of both maps, every midpoint between neighbours and every level switch, each with its
+  // 4 neighbouring floats; 0, denormals and values under 2^-31; then log-uniform ones over
+  // 10^-9 .. 1. A SIMD code may differ from the scalar one only by one step and only at a
+  // tie: the AVX-512 encoder computes y x inv_step + offset in one rounding, with offset
+  // (up to 2^8) and inv_step rounded to float, which moves the result by up to ~3 x 2^-16
+  // of a step; so where y is within 2^-13 of a step from the midpoint of the two points.
+  std::vector<float> y;
+  for (const quant8::Map* map : {&quant8::signed_magnitudes(), &quant8::unsigned_map()}) {
+    const int size = 1 << map->bits;
+    std::vector<float> centres;
+    for (int c = 0; c < size; ++c) {
+      const float p = quant8::decode_magnitude(*map, static_cast<uint8_t>(c));
+      centres.push_back(p);
+      if (c + 1 < size) centres.push_back(0.5f * (p + quant8::decode_magnitude(*map, static_cast<uint8_t>(c + 1))));
+    }
+    for (float c : centres) {
+      float lo = c, hi = c;
+      y.push_back(c);
+      for (int k = 0; k < 4; ++k) {
+        lo = std::nextafter(lo, 0.0f);
+        hi = std::nextafter(hi, 2.0f);
+        y.push_back(lo);
+        if (hi <= 1.0f) y.push_back(hi);
+      }
+    }
+  }
+  for (float v : {0.0f, 1e-45f, 1e-40f, 0x1p-40f, 0x1p-32f, 0x1p-31f, 0x1p-30f, 1e-9f}) y.push_back(v);
+  const size_t fixed = y.size();
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> exponent(-9.0f, 0.0f);
+  while (y.size() < fixed + 600000) y.push_back(std::pow(10.0f, exponent(rng)));
+  // Blocks of kBlock values, each starting with the gradient 1 (or -1); the signed moments
+  // take alternating signs, the second moments take sqrt(y) as gradient (its square is y to
+  // rounding; the check below uses the kernel's own v = g * g).
+  const int64_t per_block = quant8::kBlock - 1;
+  const int64_t blocks = static_cast<int64_t>((y.size() + per_block - 1) / per_block);
+  const int64_t n = blocks * quant8::kBlock;
+  for (int which = 0; which < 2; ++which) {  // 0: first moment, 1: second moment
+    CAPTURE(which);
+    auto grad = torch::zeros({n});
+    float* g = grad.data_ptr<float>();
+    for (int64_t b = 0; b < blocks; ++b) {
+      g[b * quant8::kBlock] = (b & 1) ? -1.0f : 1.0f;
+      for (int64_t j = 0; j < per_block; ++j) {
+        const size_t k = static_cast<size_t>(b * per_block + j);
+        const float v = k < y.size() ? y[k] : 0.5f;
+        g[b * quant8::kBlock + 1 + j] = which == 0 ? ((k & 1) ? -v : v) : std::sqrt(v);
+      }
+    }
+    kernels::AdamWArgs a;
+    a.beta1 = 0.0f;
+    a.beta2 = 0.0f;
+    a.lr = 0.0f;
+    auto codes = [&](SimdLevel level) {
+      auto master = torch::zeros({n}), qm = torch::zeros({n}, torch::kByte), qv = torch::zeros({n}, torch::kByte);
+      auto am = torch::zeros({blocks}), av = torch::zeros({blocks});
+      cpu_adamw8bit(master.data_ptr<float>(), qm.data_ptr<uint8_t>(), qv.data_ptr<uint8_t>(), am.data_ptr<float>(),
+                    av.data_ptr<float>(), g, kernels::DType::kFloat32, nullptr, kernels::DType::kBFloat16, n, a, level);
+      CHECK(am.eq(1.0f).all().item<bool>());
+      CHECK(av.eq(1.0f).all().item<bool>());
+      return which == 0 ? qm : qv;
+    };
+    const torch::Tensor scalar = codes(SimdLevel::kScalar);
+    const uint8_t* s = scalar.data_ptr<uint8_t>();
+    const quant8::Map& map = which == 0 ? quant8::signed_magnitudes() : quant8::unsigned_map();
+    for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+      if (level == SimdLevel::kAvx512 && cpu_simd_level() != SimdLevel::kAvx512) continue;
+      if (level == SimdLevel::kAvx2 && cpu_simd_level() == SimdLevel::kScalar) continue;
+      CAPTURE(simd_name(level));
+      const torch::Tensor simd = codes(level);
+      const uint8_t* q = simd.data_ptr<uint8_t>();
+      int64_t ties = 0, wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (q[i] == s[i]) continue;
+        const float yi = which == 0 ? std::fabs(g[i]) : g[i] * g[i];
+        const int a_mag = which == 0 ? (q[i] & 0x7F) : q[i], b_mag = which == 0 ? (s[i] & 0x7F) : s[i];
+        const float pa = quant8::decode_magnitude(map, static_cast<uint8_t>(a_mag));
+        const float pb = quant8::decode_magnitude(map, static_cast<uint8_t>(b_mag));
+        const bool tie = std::abs(a_mag - b_mag) == 1 && (which == 1 || (q[i] & 0x80) == (s[i] & 0x80)) &&
+                         std::fabs(yi - 0.5f * (pa + pb)) <= std::ldexp(std::fabs(pa - pb), -13);
+        (tie ? ties : wrong) += 1;
+        if (!tie && wrong <= 5) MESSAGE("y = " << yi << ": code " << int(q[i]) << ", scalar " << int(s[i]));
+      }
+      MESSAGE(simd_name(level) << ": " << ties << " ties decided the other way of " << n);
+      CHECK(wrong == 0);
+    }
+  }
 }
 
 TEST_CASE("ZeRO stages 1-3, with and without CPU offload, equal plain data parallel (2 ranks, Gloo)") {
