@@ -199,7 +199,7 @@ void join_master_n(const uint16_t* hi, const int16_t* lo, float* x, int64_t n) {
 }
 
 bool split_master_enabled() {
-  static const bool enabled = env_switch("STEPCAST_SPLIT_MASTER", false);
+  static const bool enabled = env_switch("STEPCAST_SPLIT_MASTER", true);
   return enabled;
 }
 

@@ -77,8 +77,8 @@ inline float join_master(uint16_t hi, int16_t lo) {
 void split_master_n(const float* x, uint16_t* hi, int16_t* lo, int64_t n);
 void join_master_n(const uint16_t* hi, const int16_t* lo, float* x, int64_t n);
 
-// Whether 8-bit offload in bf16 keeps split master weights: $STEPCAST_SPLIT_MASTER=1 (default
-// 0 until it is measured in training on the GPU host; "0" or "1", else an input error).
+// Whether 8-bit offload in bf16 keeps split master weights: yes unless $STEPCAST_SPLIT_MASTER=0
+// (for comparison; "0" or "1", else an input error).
 bool split_master_enabled();
 
 // cpu_adamw8bit with split master weights: master_hi is also the bf16 copy.

@@ -105,7 +105,7 @@ class ZeroEngine {
 
   int64_t step_count() const { return step_; }
   int64_t num_params() const { return total_numel(layout_); }
-  bool splits_master() const;  // some unit holds split master weights (8-bit offload, bf16, $STEPCAST_SPLIT_MASTER=1)
+  bool splits_master() const;  // some unit holds split master weights (8-bit offload, bf16, unless $STEPCAST_SPLIT_MASTER=0)
   const std::vector<UnitLayout>& layout() const { return layout_; }
 
  private:
@@ -123,7 +123,7 @@ class ZeroEngine {
                               // weights a pinned buffer of its own)
     torch::Tensor master;     // fp32 master shard (host with offload); with split master weights only [n8, n)
     torch::Tensor master_hi, master_lo;  // split master weights of [0, n8) (cpu_adamw.h): hi views `upload`
-    bool split = false;       // 8-bit offload in bf16 with $STEPCAST_SPLIT_MASTER=1
+    bool split = false;       // 8-bit offload in bf16, unless $STEPCAST_SPLIT_MASTER=0
     torch::Tensor exp_avg, exp_avg_sq;  // fp32 moments of the 32-bit range [n8, n) (all of it for AdamW)
     torch::Tensor code_m, code_v, absmax_m, absmax_v;  // 8-bit AdamW: moments of [0, n8)
     int64_t n8 = 0;           // leading parameters of the shard with 8-bit states

@@ -24,12 +24,19 @@ constexpr double k8bitStateBytes = 2.0 + 2.0 * 4.0 / k8bitBlock;
 // of the updated parameter when training in mixed precision. On the CPU the
 // gradient is read as it came down (working precision, no host accumulator)
 // and the updated parameter is written over it in the pinned buffer: 28 B
-// for bf16 AdamW, 16 B for 8-bit.
+// for bf16 AdamW. 8-bit AdamW offloaded in bf16 keeps split master weights
+// (backend/cpu_adamw.h: the bf16 upper half, which is the copy, and a 16-bit
+// remainder): 14 B, where fp32 master weights and a copy would be 16 B.
+bool splits_master(OptimizerKind opt, Precision precision, bool on_cpu) {
+  return opt == OptimizerKind::kAdamW8bit && precision == Precision::kBf16 && on_cpu;
+}
+
 double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu) {
   const bool mixed = precision != Precision::kFp32;
   const double grad = working_bytes(precision);
   const double moments = opt == OptimizerKind::kAdamW ? 8.0 : k8bitStateBytes;
   double bytes = grad + 4.0 /*master read*/ + 4.0 /*master write*/ + 2.0 * moments;
+  if (splits_master(opt, precision, on_cpu)) return bytes;  // halves read and written; the upper one is the copy
   if (mixed) bytes += 2.0;          // 16-bit copy of the updated parameter
   else if (on_cpu) bytes += 4.0;    // fp32 copy into the pinned upload buffer
   return bytes;
@@ -259,6 +266,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     mem.host_opt_states_bytes = os_shard * state_bytes;
     mem.host_grads_bytes = 0.0;  // the gradient lands in the pinned staging shard below
     mem.host_pinned_buffers_bytes = os_shard * wb;  // gradients down, updated parameters up, in place
+    if (splits_master(c.optimizer, c.precision, true)) {
+      // Split master weights (8-bit tensors only): the fp32 master becomes a 16-bit remainder
+      // beside the bf16 upper half, which is the host parameter shard with parameter offload
+      // (2 B saved), else a pinned upload buffer of its own (the staging shard then holds
+      // gradients only; the same total).
+      const double eight_bit = (params - static_cast<double>(small_tensor_params(spec))) / params;
+      mem.host_opt_states_bytes -= os_shard * eight_bit * 2.0;
+      if (!offload_par) mem.host_pinned_buffers_bytes += os_shard * eight_bit * wb;
+    }
   }
   if (offload_par) mem.host_params_bytes = (params / n) * wb;
   mem.ranks_per_node = c.gpus_per_node;

@@ -156,6 +156,33 @@ TEST_CASE("8-bit AdamW saves 6 of 12 bytes per sharded parameter on the GPU") {
   CHECK(a.memory.gpu_opt_states - b.memory.gpu_opt_states == doctest::Approx(psi * (6.0 - 8.0 / 2048.0)));
 }
 
+TEST_CASE("8-bit AdamW offloaded in bf16: split master weights save 2 bytes per parameter with parameter offload") {
+  // Per 8-bit parameter of the shard, host bytes (backend/engine.cpp's buffers):
+  //   fp32 master weights: master 4 + codes 2 + staging 2 (+ host parameters 2 with parameter offload)
+  //   split master weights: remainder 2 + codes 2 + staging 2 + the bf16 upper half 2, which is
+  //   the host parameter shard with parameter offload, else a pinned upload buffer of its own.
+  // So the same total without parameter offload, 2 B less with it; the traffic of one update
+  // is 2 (gradient) + 4 + 4 (both halves read and written) + 4 (codes) = 14 B, not 16, plus
+  // the two absmax values per 2048-block read and written (16 / 2048 B).
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double psi = static_cast<double>(m.total_params());
+  const double small = static_cast<double>(small_tensor_params(m));
+  for (bool param_offload : {false, true}) {
+    CAPTURE(param_offload);
+    TrainConfig c = config(3, 2, OffloadDevice::kCpu, OptimizerKind::kAdamW8bit);
+    c.offload_params = param_offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
+    const double host = evaluate(m, hw, c).memory.host_per_rank - hw.coefs[kHostBytesPerRank];
+    // fp32 master weights for the small tensors (12 B of fp32 AdamW states + staging 2).
+    const double expected = (psi - small) / 2 * (2 + 2 + 2 + 2 + 8.0 / 2048) + small / 2 * (12 + 2) +
+                            (param_offload ? small / 2 * 2 : 0.0);
+    CHECK(host == doctest::Approx(expected).epsilon(1e-9));
+  }
+  CHECK(optimizer_traffic_bytes(OptimizerKind::kAdamW8bit, Precision::kBf16, true) == doctest::Approx(14 + 16.0 / 2048));
+  CHECK(optimizer_traffic_bytes(OptimizerKind::kAdamW8bit, Precision::kBf16, false) == doctest::Approx(16 + 16.0 / 2048));
+  CHECK(optimizer_traffic_bytes(OptimizerKind::kAdamW, Precision::kBf16, true) == 28.0);
+}
+
 TEST_CASE("fits: 70B does not fit on one H200 without offload, fits with stage-3 CPU offload of both") {
   const ModelSpec m = model("llama-2-70b");
   const HardwareProfile hw = hardware("h200-sxm");
