@@ -135,7 +135,7 @@ AVX512 inline __m512i load_codes(const uint8_t* q) {
 // The AVX-512 body is written for few vector operations per element: on 16
 // threads of the one-GPU H200 host's Xeon it is bound by the vector ports
 // (pass 1 alone runs at the DRAM bound, pass 2 alone at twice the speed of
-// both; 2026-12-01 measurement in docs/backend_v2_results.md). Both directions
+// both; session 6 in docs/backend_v2_results.md). Both directions
 // of the map are table lookups in registers, the tables carry the block's
 // scale, and the reciprocal square root and reciprocal are the 14-bit
 // estimates (relative error 2^-14, far under the 8-bit states' own; the fp32

@@ -220,12 +220,16 @@ int run(int argc, char** argv) {
     std::printf("%-44s %8.0f %9.2f %9.3f %9.1f %9.1f %9.2f\n", r.name.c_str(), r.bytes_per_param, 1e3 * r.s,
                 n / r.s / 1e9, n * r.bytes_per_param / r.s / 1e9, 100.0 * (n * r.bytes_per_param / r.s) / bw,
                 ref / r.s);
+  // The 8-bit goal is for the kernel training runs: split master weights (the engine's default for
+  // 8-bit offload in bf16) where a SIMD body has them, else the fp32-master kernel.
+  const int q8_engine = split_best >= 0 ? split_best : q8_best;
   std::printf("ratios: fp32 states (bf16 grad, best) vs torch + copy: %.2fx (goal >= 1.15x); "
-              "8-bit (best) vs our fp32: %.2fx (goal >= 1.7x)\n",
-              ref / rows[fp32_best].s, rows[fp32_best].s / rows[q8_best].s);
+              "8-bit as training runs it (%s, best) vs our fp32: %.2fx (goal >= 1.7x)\n",
+              ref / rows[fp32_best].s, split_best >= 0 ? "split master weights" : "fp32 master weights",
+              rows[fp32_best].s / rows[q8_engine].s);
   if (split_best >= 0)
-    std::printf("        8-bit with split master weights (best) vs our fp32: %.2fx; vs 8-bit with fp32 master: %.2fx\n",
-                rows[fp32_best].s / rows[split_best].s, rows[q8_best].s / rows[split_best].s);
+    std::printf("        8-bit with fp32 master weights (best) vs our fp32: %.2fx; split vs fp32 master weights: %.2fx\n",
+                rows[fp32_best].s / rows[q8_best].s, rows[q8_best].s / rows[split_best].s);
   return 0;
 }
 
