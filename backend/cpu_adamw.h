@@ -81,6 +81,12 @@ void join_master_n(const uint16_t* hi, const int16_t* lo, float* x, int64_t n);
 // (for comparison; "0" or "1", else an input error).
 bool split_master_enabled();
 
+// Whether the AVX-512 8-bit body uses AVX512_VBMI byte permutes (where the CPU has them: Ice
+// Lake, Sapphire Rapids, Zen 4 and later); cpu_adamw8bit_allow_vbmi(false) turns them off, so
+// that tests and benchmarks can run both bodies on one CPU.
+bool cpu_adamw8bit_uses_vbmi();
+void cpu_adamw8bit_allow_vbmi(bool allow);
+
 // cpu_adamw8bit with split master weights: master_hi is also the bf16 copy.
 // 14 bytes of traffic per parameter with a bf16 gradient.
 void cpu_adamw8bit_split(uint16_t* master_hi, int16_t* master_lo, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code,

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -75,6 +76,7 @@ void block_scalar(const Block8& b, const Consts& c) {
 }
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd")))
+#define AVX512_VBMI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,avx512vbmi")))
 
 // Software prefetch of a later block into L2 while this one is computed: the two passes
 // are compute-heavy, and the hardware streamers restart at every 4 KiB page of the five
@@ -130,6 +132,59 @@ struct PrefetchLines {
 
 AVX512 inline __m512i load_codes(const uint8_t* q) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+}
+
+// AVX512_VBMI byte permutes (one vector operation each from Ice Lake on), used where the CPU
+// has them: they place 16-bit and 8-bit values into the bytes of 32-bit lanes that the
+// kernel needs, in one operation where a widening load and a shift take two.
+struct BytePlaces {
+  __m512i high_half;  // 32-bit lane k, bytes 2, 3 <- source bytes 2k, 2k + 1 (a 16-bit value << 16)
+  __m512i top_byte;   // lane k, byte 3 <- source byte k (an 8-bit code << 24)
+  __m512i halves;     // bytes 0..31: lane k's bytes 2, 3 of the second table (upper halves);
+                      // bytes 32..63: lane k's bytes 0, 1 of the first (lower halves)
+};
+
+AVX512_VBMI BytePlaces byte_places() {
+  alignas(64) uint8_t hh[64], tb[64], hv[64];
+  for (int k = 0; k < 16; ++k) {
+    for (int b = 0; b < 4; ++b) {
+      hh[4 * k + b] = static_cast<uint8_t>(b >= 2 ? 2 * k + (b - 2) : 0);
+      tb[4 * k + b] = static_cast<uint8_t>(b == 3 ? k : 0);
+    }
+    hv[2 * k] = static_cast<uint8_t>(64 + 4 * k + 2);
+    hv[2 * k + 1] = static_cast<uint8_t>(64 + 4 * k + 3);
+    hv[32 + 2 * k] = static_cast<uint8_t>(4 * k);
+    hv[32 + 2 * k + 1] = static_cast<uint8_t>(4 * k + 1);
+  }
+  return {_mm512_load_si512(hh), _mm512_load_si512(tb), _mm512_load_si512(hv)};
+}
+
+constexpr __mmask64 kHighHalfBytes = 0xCCCCCCCCCCCCCCCCull, kTopBytes = 0x8888888888888888ull;
+
+// 16 16-bit values, each shifted into the upper half of its 32-bit lane.
+AVX512_VBMI inline __m512i load_high_halves(const BytePlaces& bp, const uint16_t* p) {
+  const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_maskz_permutexvar_epi8(kHighHalfBytes, bp.high_half, v);
+}
+
+// 16 8-bit codes, each shifted to the top byte of its 32-bit lane.
+AVX512_VBMI inline __m512i load_top_bytes(const BytePlaces& bp, const uint8_t* q) {
+  const __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  return _mm512_maskz_permutexvar_epi8(kTopBytes, bp.top_byte, v);
+}
+
+// Split master weights (cpu_adamw.h), with the byte permutes: x = (hi << 16) + lo, and back:
+// hi = upper half of x + 0x8000, lo = x's own low 16 bits, both gathered by one permute.
+AVX512_VBMI inline __m512 load_master16_vbmi(const BytePlaces& bp, const uint16_t* hi, const int16_t* lo, int64_t i) {
+  const __m512i l = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
+  return _mm512_castsi512_ps(_mm512_add_epi32(load_high_halves(bp, hi + i), l));
+}
+
+AVX512_VBMI inline void store_master16_vbmi(const BytePlaces& bp, uint16_t* hi, int16_t* lo, int64_t i, __m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i both = _mm512_permutex2var_epi8(u, bp.halves, _mm512_add_epi32(u, _mm512_set1_epi32(0x8000)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_castsi512_si256(both));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_extracti64x4_epi64(both, 1));
 }
 
 // The AVX-512 body is written for few vector operations per element: on 16
@@ -288,110 +343,21 @@ AVX512 inline void store_copy(void* out, int64_t i, __m512 x) {
   }
 }
 
-template <Out kOut, bool kGradBf16>
-AVX512 void block_avx512(const Block8& b, const Consts& c) {
-  constexpr bool kSplit = kOut == Out::kSplit;
-  alignas(64) float mb[kBlock], vb[kBlock];
-  static const DecodeTable sdec = decode_table(quant8::signed_magnitudes(), 24);
-  static const DecodeTable udec = decode_table(quant8::unsigned_map(), 0);
-  static const EncodeTable senc = encode_table(quant8::signed_magnitudes(), 0);
-  static const EncodeTable uenc = encode_table(quant8::unsigned_map(), 1);
-  // Locals, so that the loop does not reload them after every store.
-  float* const p = b.p;
-  uint16_t* const hi = b.hi;
-  int16_t* const lo = b.lo;
-  uint8_t* const qm = b.qm;
-  uint8_t* const qv = b.qv;
-  void* const out = b.out;
-  const GradIn g_in{b.g.ptr, kGradBf16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32};
-  const int64_t n = b.n;
-  // The block's scale and the betas ride in the decode lines: they give b1 m and b2 v.
-  const __m512 sm = _mm512_set1_ps(*b.am * c.b1), sv = _mm512_set1_ps(*b.av * c.b2);
-  const __m512 m_int = _mm512_mul_ps(_mm512_load_ps(sdec.intercept), sm);
-  const __m512 m_slope = _mm512_mul_ps(_mm512_load_ps(sdec.slope), sm);
-  const __m512 v_int = _mm512_mul_ps(_mm512_load_ps(udec.intercept), sv);
-  const __m512 v_slope = _mm512_mul_ps(_mm512_load_ps(udec.slope), sv);
-  // The gradient's scale rides in the moments' gradient terms.
-  const __m512 gm = _mm512_set1_ps(c.one_minus_b1 * c.scale), gv = _mm512_set1_ps(c.one_minus_b2 * c.scale * c.scale);
-  const __m512 dec = _mm512_set1_ps(c.decay), ibc2 = _mm512_set1_ps(c.inv_bc2_sqrt), eps = _mm512_set1_ps(c.eps),
-               ss = _mm512_set1_ps(c.step_size), tiny = _mm512_set1_ps(FLT_MIN);
-  const __m512i sign_bit = _mm512_set1_epi32(INT32_MIN), magnitude_bits = _mm512_set1_epi32(0x7F000000);
-  __m512 vmax_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
-  const int plan = prefetch_plan();
-  const PrefetchLines ahead(b, plan == kPrefetchPass2 ? 1 : plan);
-  const bool spread = plan > 0 && n == kBlock;
-  const int64_t body = n / 16 * 16;
-  for (int64_t i = 0; i < body; i += 16) {
-    if (spread && (i & 127) == 0) ahead.group(i / 128);  // groups 0 .. 15
-    // b1 m_old: the magnitude bits as (code & 0x7F) << 24; the sign (bit 7, now 31) flips the value.
-    const __m512i shifted = _mm512_slli_epi32(load_codes(qm + i), 24);
-    const __m512i mag = _mm512_and_si512(shifted, magnitude_bits);
-    const __m512i m_slot = _mm512_lzcnt_epi32(mag);
-    const __m512 m_mag = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mag), _mm512_permutexvar_ps(m_slot, m_slope),
-                                         _mm512_permutexvar_ps(m_slot, m_int));
-    const __m512 m_old = _mm512_castsi512_ps(
-        _mm512_ternarylogic_epi32(_mm512_castps_si512(m_mag), shifted, sign_bit, 0x78));  // A ^ (B & C)
-    // b2 v_old.
-    const __m512i cv = load_codes(qv + i);
-    const __m512i v_slot = _mm512_lzcnt_epi32(cv);
-    const __m512 v_old = _mm512_fmadd_ps(_mm512_cvtepi32_ps(cv), _mm512_permutexvar_ps(v_slot, v_slope),
-                                         _mm512_permutexvar_ps(v_slot, v_int));
-    const __m512 g = load_grad16(g_in, i);
-    const __m512 mi = _mm512_fmadd_ps(gm, g, m_old);
-    const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(gv, g), g, v_old);
-    // sqrt(v) = v / sqrt(v), with v >= FLT_MIN in the estimate so that v = 0 gives 0.
-    const __m512 root = _mm512_mul_ps(vi, _mm512_rsqrt14_ps(_mm512_max_ps(vi, tiny)));
-    const __m512 inv_denom = _mm512_rcp14_ps(_mm512_fmadd_ps(root, ibc2, eps));
-    const __m512 x_old = kSplit ? load_master16(hi, lo, i) : _mm512_loadu_ps(p + i);
-    const __m512 x = _mm512_fnmadd_ps(ss, _mm512_mul_ps(mi, inv_denom), _mm512_mul_ps(x_old, dec));
-    if constexpr (kSplit) {
-      store_master16(hi, lo, i, x);
-    } else {
-      _mm512_storeu_ps(p + i, x);
-      store_copy<kOut>(out, i, x);
-    }
-    _mm512_store_ps(mb + i, mi);
-    _mm512_store_ps(vb + i, vi);
-    vmax_m = _mm512_range_ps(vmax_m, mi, 0x0B);  // max(|a|, |b|), sign cleared
-    vmax_v = _mm512_max_ps(vmax_v, vi);
-  }
-  float max_m = _mm512_reduce_max_ps(vmax_m);
-  float max_v = _mm512_reduce_max_ps(vmax_v);
-  pass1_scalar(b, body, c, mb, vb, max_m, max_v);
-  *b.am = max_m;
-  *b.av = max_v;
-  const float inv_m = max_m > 0 ? 1.0f / max_m : 0.0f, inv_v = max_v > 0 ? 1.0f / max_v : 0.0f;
+namespace base {
+#define STEPCAST_Q8_TARGET AVX512
+#define STEPCAST_Q8_VBMI 0
+#include "backend/cpu_adamw8bit_body.inc"
+#undef STEPCAST_Q8_VBMI
+#undef STEPCAST_Q8_TARGET
+}  // namespace base
 
-  const EncodeRegs es = encode_regs(senc), eu = encode_regs(uenc);
-  const __m512 vinv_m = _mm512_set1_ps(inv_m), vinv_v = _mm512_set1_ps(inv_v), ones = _mm512_set1_ps(1.0f),
-               floor_y = _mm512_set1_ps(0x1p-31f);
-  const __m512i sign_to_bit7 = _mm512_set1_epi32(0x80);
-  const int64_t body64 = n / 64 * 64;
-  // Pass 2 works in L1: without prefetches it leaves the memory bus idle.
-  for (int64_t i = 0; i < body64; i += 64) {
-    const int64_t line = i / 64;  // 0 .. 31
-    if (plan == kPrefetchPass2) ahead.group(line);
-    else if (spread && (line & 1) == 0) ahead.group(16 + line / 2);  // groups 16 .. 31
-    __m512i cm[4], cv[4];
-    for (int u = 0; u < 4; ++u) {
-      const int64_t k = i + 16 * u;
-      // min(|m|, 1) with the sign cleared, then at least 2^-31. A NaN moment (from a NaN
-      // gradient, after which training has diverged anyway) gives code 0 here, 1 in the
-      // scalar and CUDA encoders.
-      const __m512 m = _mm512_mul_ps(_mm512_load_ps(mb + k), vinv_m);
-      const __m512 ym = _mm512_max_ps(_mm512_range_ps(m, ones, 0x0A), floor_y);
-      cm[u] = _mm512_ternarylogic_epi32(_mm512_cvtps_epi32(encode_t(es, ym)), _mm512_srli_epi32(_mm512_castps_si512(m), 24), sign_to_bit7,
-                                        0xF8);  // A | (B & C): the sign into bit 7
-      // min(y, 1) also maps NaN to 1 (the second operand is returned), as the scalar encoder does.
-      const __m512 yv0 = _mm512_min_ps(_mm512_mul_ps(_mm512_load_ps(vb + k), vinv_v), ones);
-      const __mmask16 positive = _mm512_cmp_ps_mask(yv0, _mm512_setzero_ps(), _CMP_GT_OQ);
-      cv[u] = _mm512_maskz_cvtps_epi32(positive, encode_t(eu, _mm512_max_ps(yv0, floor_y)));  // 0 stays 0
-    }
-    store_codes64(qm + i, cm[0], cm[1], cm[2], cm[3]);
-    store_codes64(qv + i, cv[0], cv[1], cv[2], cv[3]);
-  }
-  pass2_scalar(b, body64, mb, vb, inv_m, inv_v);
-}
+namespace vbmi {
+#define STEPCAST_Q8_TARGET AVX512_VBMI
+#define STEPCAST_Q8_VBMI 1
+#include "backend/cpu_adamw8bit_body.inc"
+#undef STEPCAST_Q8_VBMI
+#undef STEPCAST_Q8_TARGET
+}  // namespace vbmi
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
@@ -508,20 +474,32 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
   pass2_scalar(b, body, mb, vb, inv_m, inv_v);
 }
 
-template <bool kGradBf16>
+template <bool kGradBf16, bool kVbmi>
 void (*avx512_body_for(Out kind))(const Block8&, const Consts&) {
   switch (kind) {
-    case Out::kNone: return block_avx512<Out::kNone, kGradBf16>;
-    case Out::kBf16: return block_avx512<Out::kBf16, kGradBf16>;
-    case Out::kBf16Native: return block_avx512<Out::kBf16Native, kGradBf16>;
-    case Out::kFp32: return block_avx512<Out::kFp32, kGradBf16>;
-    case Out::kSplit: return block_avx512<Out::kSplit, kGradBf16>;
+    case Out::kNone: return kVbmi ? vbmi::block_avx512<Out::kNone, kGradBf16> : base::block_avx512<Out::kNone, kGradBf16>;
+    case Out::kBf16: return kVbmi ? vbmi::block_avx512<Out::kBf16, kGradBf16> : base::block_avx512<Out::kBf16, kGradBf16>;
+    case Out::kBf16Native:
+      return kVbmi ? vbmi::block_avx512<Out::kBf16Native, kGradBf16> : base::block_avx512<Out::kBf16Native, kGradBf16>;
+    case Out::kFp32: return kVbmi ? vbmi::block_avx512<Out::kFp32, kGradBf16> : base::block_avx512<Out::kFp32, kGradBf16>;
+    case Out::kSplit: return kVbmi ? vbmi::block_avx512<Out::kSplit, kGradBf16> : base::block_avx512<Out::kSplit, kGradBf16>;
   }
   return nullptr;
 }
 
-void (*avx512_body(Out kind, bool grad_bf16))(const Block8&, const Consts&) {
-  return grad_bf16 ? avx512_body_for<true>(kind) : avx512_body_for<false>(kind);
+void (*avx512_body(Out kind, bool grad_bf16, bool vbmi))(const Block8&, const Consts&) {
+  if (vbmi) return grad_bf16 ? avx512_body_for<true, true>(kind) : avx512_body_for<false, true>(kind);
+  return grad_bf16 ? avx512_body_for<true, false>(kind) : avx512_body_for<false, false>(kind);
+}
+
+std::atomic<bool> g_vbmi_allowed{true};
+
+bool cpu_has_vbmi() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi") != 0;
+  }();
+  return has;
 }
 
 // Either master (fp32) with out, or hi and lo (split master weights, no separate copy).
@@ -542,7 +520,7 @@ void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, fl
                    : out_dtype == kernels::DType::kFloat32 ? Out::kFp32
                    : has_bf16 ? Out::kBf16Native
                               : Out::kBf16;
-  void (*const avx512)(const Block8&, const Consts&) = avx512_body(kind, grad_bf16);
+  void (*const avx512)(const Block8&, const Consts&) = avx512_body(kind, grad_bf16, cpu_adamw8bit_uses_vbmi());
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; s += kBlock) {
@@ -568,6 +546,9 @@ void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, fl
 }
 
 }  // namespace
+
+bool cpu_adamw8bit_uses_vbmi() { return cpu_has_vbmi() && g_vbmi_allowed.load(); }
+void cpu_adamw8bit_allow_vbmi(bool allow) { g_vbmi_allowed.store(allow); }
 
 void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
                    kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n,

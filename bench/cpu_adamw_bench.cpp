@@ -140,15 +140,27 @@ int run(int argc, char** argv) {
                       }});
     }
   }
+  // The AVX-512 8-bit body with the AVX512_VBMI byte permutes (where the CPU has them, the
+  // default) and without them (the body for CPUs without VBMI), for comparison in one run.
+  const auto vbmi_choices = [](SimdLevel level) {
+    return level == SimdLevel::kAvx512 && cpu_adamw8bit_uses_vbmi() ? std::vector<bool>{true, false}
+                                                                     : std::vector<bool>{true};
+  };
+  const auto q8_name = [](SimdLevel level, bool vbmi, const char* what) {
+    return std::string("stepcast cpu_adamw8bit ") + simd_name(level) + (vbmi ? " " : " no-VBMI ") + what;
+  };
   for (SimdLevel level : levels) {
-    rows.push_back({std::string("stepcast cpu_adamw8bit ") + simd_name(level) + " bf16 grad", 16.0, Kind::k8bit,
-                    [&, level] {
-                      args.step = ++step;
-                      cpu_adamw8bit(master.data_ptr<float>(), code_m.data_ptr<uint8_t>(), code_v.data_ptr<uint8_t>(),
-                                    absmax_m.data_ptr<float>(), absmax_v.data_ptr<float>(), grad16.data_ptr(),
-                                    kernels::DType::kBFloat16, grad16.data_ptr(), kernels::DType::kBFloat16, n,
-                                    args, level);
-                    }});
+    for (bool vbmi : vbmi_choices(level)) {
+      rows.push_back({q8_name(level, vbmi, "bf16 grad"), 16.0, Kind::k8bit, [&, level, vbmi] {
+                        args.step = ++step;
+                        cpu_adamw8bit_allow_vbmi(vbmi);
+                        cpu_adamw8bit(master.data_ptr<float>(), code_m.data_ptr<uint8_t>(),
+                                      code_v.data_ptr<uint8_t>(), absmax_m.data_ptr<float>(),
+                                      absmax_v.data_ptr<float>(), grad16.data_ptr(), kernels::DType::kBFloat16,
+                                      grad16.data_ptr(), kernels::DType::kBFloat16, n, args, level);
+                        cpu_adamw8bit_allow_vbmi(true);
+                      }});
+    }
   }
   // Split master weights (the 8-bit offload layout): the bf16 upper half is the upload copy,
   // updated in place; the gradient arrives in its own buffer: bf16 g 2, hi 2 + 2, lo 2 + 2,
@@ -165,15 +177,18 @@ int run(int argc, char** argv) {
   }
   for (SimdLevel level : levels) {
     if (level == SimdLevel::kScalar) continue;
-    rows.push_back({std::string("stepcast cpu_adamw8bit ") + simd_name(level) + " split master", 14.0, Kind::k8bitSplit,
-                    [&, level] {
-                      args.step = ++step;
-                      cpu_adamw8bit_split(reinterpret_cast<uint16_t*>(split_hi.data_ptr()),
-                                          reinterpret_cast<int16_t*>(split_lo.data_ptr()),
-                                          split_qm.data_ptr<uint8_t>(), split_qv.data_ptr<uint8_t>(),
-                                          split_am.data_ptr<float>(), split_av.data_ptr<float>(), split_g.data_ptr(),
-                                          kernels::DType::kBFloat16, n, args, level);
-                    }});
+    for (bool vbmi : vbmi_choices(level)) {
+      rows.push_back({q8_name(level, vbmi, "split master"), 14.0, Kind::k8bitSplit, [&, level, vbmi] {
+                        args.step = ++step;
+                        cpu_adamw8bit_allow_vbmi(vbmi);
+                        cpu_adamw8bit_split(reinterpret_cast<uint16_t*>(split_hi.data_ptr()),
+                                            reinterpret_cast<int16_t*>(split_lo.data_ptr()),
+                                            split_qm.data_ptr<uint8_t>(), split_qv.data_ptr<uint8_t>(),
+                                            split_am.data_ptr<float>(), split_av.data_ptr<float>(),
+                                            split_g.data_ptr(), kernels::DType::kBFloat16, n, args, level);
+                        cpu_adamw8bit_allow_vbmi(true);
+                      }});
+    }
   }
   // Interleaved: every round times each variant once, starting one further along the list each
   // round, so that a disturbance of the host lands on all variants alike; medians per variant.
@@ -213,11 +228,11 @@ int run(int argc, char** argv) {
               cpu_binding_enabled() ? "bound to cores" : "unbound");
   std::printf("measured bandwidth (AdamW's traffic pattern in place, trivial arithmetic, same threads, interleaved "
               "with the variants): %.1f GB/s; medians of %d interleaved rounds\n", bw / 1e9, repeats);
-  std::printf("%-44s %8s %9s %9s %9s %9s %9s\n", "variant", "B/param", "median", "Gparam/s", "GB/s", "of bound",
+  std::printf("%-50s %8s %9s %9s %9s %9s %9s\n", "variant", "B/param", "median", "Gparam/s", "GB/s", "of bound",
               "vs torch");
-  std::printf("%-44s %8s %9s %9s %9s %9s %9s\n", "", "", "ms", "", "", "%", "x");
+  std::printf("%-50s %8s %9s %9s %9s %9s %9s\n", "", "", "ms", "", "", "%", "x");
   for (const auto& r : rows)
-    std::printf("%-44s %8.0f %9.2f %9.3f %9.1f %9.1f %9.2f\n", r.name.c_str(), r.bytes_per_param, 1e3 * r.s,
+    std::printf("%-50s %8.0f %9.2f %9.3f %9.1f %9.1f %9.2f\n", r.name.c_str(), r.bytes_per_param, 1e3 * r.s,
                 n / r.s / 1e9, n * r.bytes_per_param / r.s / 1e9, 100.0 * (n * r.bytes_per_param / r.s) / bw,
                 ref / r.s);
   // The 8-bit goal is for the kernel training runs: split master weights (the engine's default for

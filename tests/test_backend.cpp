@@ -238,6 +238,33 @@ TEST_CASE("8-bit quantisation: the paper's dynamic map, nearest point, error bou
 
 namespace {
 
+// The AVX-512 8-bit body with and without the AVX512_VBMI byte permutes, where the CPU has them.
+std::vector<bool> vbmi_choices(SimdLevel level) {
+  if (level == SimdLevel::kAvx512 && cpu_adamw8bit_uses_vbmi()) return {true, false};
+  return {true};
+}
+
+// The SIMD bodies of the 8-bit kernel this CPU runs: AVX2, AVX-512, and AVX-512 without VBMI.
+struct SimdBody {
+  SimdLevel level;
+  bool vbmi;
+};
+
+std::vector<SimdBody> simd_bodies_8bit() {
+  std::vector<SimdBody> out;
+  for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (level == SimdLevel::kAvx512 && cpu_simd_level() != SimdLevel::kAvx512) continue;
+    if (level == SimdLevel::kAvx2 && cpu_simd_level() == SimdLevel::kScalar) continue;
+    for (bool vbmi : vbmi_choices(level)) out.push_back({level, vbmi});
+  }
+  return out;
+}
+
+struct VbmiAllowed {
+  explicit VbmiAllowed(bool allow) { cpu_adamw8bit_allow_vbmi(allow); }
+  ~VbmiAllowed() { cpu_adamw8bit_allow_vbmi(true); }
+};
+
 // The hyper-parameters of the 8-bit tests below, at a given step.
 kernels::AdamWArgs drift_args(int step) {
   kernels::AdamWArgs a;
@@ -288,44 +315,48 @@ TEST_CASE("split master weights: exact for every float; the 8-bit update with th
   if (cpu_simd_level() != SimdLevel::kScalar) levels.push_back(SimdLevel::kAvx2);
   if (cpu_simd_level() == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
   for (SimdLevel level : levels) {
-    CAPTURE(simd_name(level));
-    auto master = init.clone();
-    auto hi = torch::empty({n}, torch::kInt16), lo = torch::empty({n}, torch::kInt16);
-    auto* h = reinterpret_cast<uint16_t*>(hi.data_ptr());
-    auto* l = reinterpret_cast<int16_t*>(lo.data_ptr());
-    for (int64_t i = 0; i < n; ++i) split_master(master.data_ptr<float>()[i], h[i], l[i]);
-    torch::Tensor q[2][2], a[2][2];
-    for (int k = 0; k < 2; ++k)
-      for (int j = 0; j < 2; ++j) {
-        q[k][j] = torch::zeros({n}, torch::kByte);
-        a[k][j] = torch::zeros({quant8::num_blocks(n)});
+    for (bool vbmi : vbmi_choices(level)) {
+      const VbmiAllowed allowed(vbmi);
+      CAPTURE(vbmi);
+      CAPTURE(simd_name(level));
+      auto master = init.clone();
+      auto hi = torch::empty({n}, torch::kInt16), lo = torch::empty({n}, torch::kInt16);
+      auto* h = reinterpret_cast<uint16_t*>(hi.data_ptr());
+      auto* l = reinterpret_cast<int16_t*>(lo.data_ptr());
+      for (int64_t i = 0; i < n; ++i) split_master(master.data_ptr<float>()[i], h[i], l[i]);
+      torch::Tensor q[2][2], a[2][2];
+      for (int k = 0; k < 2; ++k)
+        for (int j = 0; j < 2; ++j) {
+          q[k][j] = torch::zeros({n}, torch::kByte);
+          a[k][j] = torch::zeros({quant8::num_blocks(n)});
+        }
+      auto out = torch::empty({n}, torch::kBFloat16);
+      torch::manual_seed(11);
+      for (int step = 1; step <= 20; ++step) {
+        auto grad = (torch::randn({n}) * 1e-3 + 2e-4).to(torch::kBFloat16);
+        const kernels::AdamWArgs args = drift_args(step);
+        cpu_adamw8bit(master.data_ptr<float>(), q[0][0].data_ptr<uint8_t>(), q[0][1].data_ptr<uint8_t>(),
+                      a[0][0].data_ptr<float>(), a[0][1].data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16,
+                      out.data_ptr(), kernels::DType::kBFloat16, n, args, level);
+        cpu_adamw8bit_split(h, l, q[1][0].data_ptr<uint8_t>(), q[1][1].data_ptr<uint8_t>(), a[1][0].data_ptr<float>(),
+                            a[1][1].data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16, n, args, level);
       }
-    auto out = torch::empty({n}, torch::kBFloat16);
-    torch::manual_seed(11);
-    for (int step = 1; step <= 20; ++step) {
-      auto grad = (torch::randn({n}) * 1e-3 + 2e-4).to(torch::kBFloat16);
-      const kernels::AdamWArgs args = drift_args(step);
-      cpu_adamw8bit(master.data_ptr<float>(), q[0][0].data_ptr<uint8_t>(), q[0][1].data_ptr<uint8_t>(),
-                    a[0][0].data_ptr<float>(), a[0][1].data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16,
-                    out.data_ptr(), kernels::DType::kBFloat16, n, args, level);
-      cpu_adamw8bit_split(h, l, q[1][0].data_ptr<uint8_t>(), q[1][1].data_ptr<uint8_t>(), a[1][0].data_ptr<float>(),
-                          a[1][1].data_ptr<float>(), grad.data_ptr(), kernels::DType::kBFloat16, n, args, level);
+      int64_t master_diff = 0, copy_diff = 0;
+      const auto* o = reinterpret_cast<const uint16_t*>(out.data_ptr());
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = master.data_ptr<float>()[i];
+        const float y = join_master(h[i], l[i]);
+        master_diff += std::memcmp(&x, &y, sizeof x) != 0;
+        copy_diff += h[i] != o[i];
+      }
+      CHECK(master_diff == 0);
+      CHECK(torch::equal(q[0][0], q[1][0]));
+      CHECK(torch::equal(q[0][1], q[1][1]));
+      CHECK(torch::equal(a[0][0], a[1][0]));
+      CHECK(torch::equal(a[0][1], a[1][1]));
+      CHECK(copy_diff <= 2);  // ties: ~n / 2^17 expected
+      CHECK((master - init).abs().max().item<double>() > 1e-3);  // it did train
     }
-    int64_t master_diff = 0, copy_diff = 0;
-    const auto* o = reinterpret_cast<const uint16_t*>(out.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = master.data_ptr<float>()[i];
-      const float y = join_master(h[i], l[i]);
-      master_diff += std::memcmp(&x, &y, sizeof x) != 0;
-      copy_diff += h[i] != o[i];
-    }
-    CHECK(master_diff == 0);
-    CHECK(torch::equal(q[0][0], q[1][0]));
-    CHECK(torch::equal(q[0][1], q[1][1]));
-    CHECK(torch::equal(a[0][0], a[1][0]));
-    CHECK(torch::equal(a[0][1], a[1][1]));
-    CHECK(copy_diff <= 2);  // ties: ~n / 2^17 expected
-    CHECK((master - init).abs().max().item<double>() > 1e-3);  // it did train
   }
 }
 
@@ -352,10 +383,11 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
   };
   torch::Tensor q_scalar, q_simd;
   const torch::Tensor scalar = run8(SimdLevel::kScalar, q_scalar);
-  for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (level == SimdLevel::kAvx512 && cpu_simd_level() != SimdLevel::kAvx512) continue;
-    if (level == SimdLevel::kAvx2 && cpu_simd_level() == SimdLevel::kScalar) continue;
+  for (const SimdBody& simd_body : simd_bodies_8bit()) {
+    const SimdLevel level = simd_body.level;
+    const VbmiAllowed allowed(simd_body.vbmi);
     CAPTURE(simd_name(level));
+    CAPTURE(simd_body.vbmi);
     const torch::Tensor simd = run8(level, q_simd);
     // FMA vs separate multiply-add in the moment updates: codes may differ by one step, rarely.
     const auto code_diff = (q_simd.to(torch::kInt) - q_scalar.to(torch::kInt)).abs();
@@ -456,10 +488,11 @@ TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the n
     const torch::Tensor scalar = codes(SimdLevel::kScalar);
     const uint8_t* s = scalar.data_ptr<uint8_t>();
     const quant8::Map& map = which == 0 ? quant8::signed_magnitudes() : quant8::unsigned_map();
-    for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-      if (level == SimdLevel::kAvx512 && cpu_simd_level() != SimdLevel::kAvx512) continue;
-      if (level == SimdLevel::kAvx2 && cpu_simd_level() == SimdLevel::kScalar) continue;
+    for (const SimdBody& simd_body : simd_bodies_8bit()) {
+      const SimdLevel level = simd_body.level;
+      const VbmiAllowed allowed(simd_body.vbmi);
       CAPTURE(simd_name(level));
+      CAPTURE(simd_body.vbmi);
       const torch::Tensor simd = codes(level);
       const uint8_t* q = simd.data_ptr<uint8_t>();
       int64_t ties = 0, wrong = 0;
