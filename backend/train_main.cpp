@@ -155,7 +155,9 @@ int run_rank(const Flags& f, const CLI::App& app) {
                             {"simd", simd_name(tuned_simd_level(k))},
                             {"cpus", cpu_list_string(rank_cores)},
                             {"bound", cpu_binding_enabled()},
-                            {"split_master", engine->splits_master()}};
+                            {"split_master", engine->splits_master()},
+                            {"vbmi", cfg.optimizer == OptimizerKind::kAdamW8bit &&
+                                         tuned_simd_level(k) == SimdLevel::kAvx512 && cpu_adamw8bit_uses_vbmi()}};
   }
   if (lead && !f.quiet) {
     std::printf("train: %s (%lld parameters), %s, stage %d, offload %s/%s, %s, micro-batch %lld x GAS %lld x %d ranks, seq %lld%s\n",

@@ -215,8 +215,9 @@ int run(int argc, char** argv) {
   const int fp32_best = best(Kind::kFp32Bf16Grad), q8_best = best(Kind::k8bit), split_best = best(Kind::k8bitSplit);
 
   const double ref = rows.front().s;
-  std::printf("CPU AdamW, %lld parameters, %d threads, SIMD available: %s (auto-tuned: fp32 %s, 8-bit %s), LibTorch %s\n",
+  std::printf("CPU AdamW, %lld parameters, %d threads, SIMD available: %s%s (auto-tuned: fp32 %s, 8-bit %s), LibTorch %s\n",
               static_cast<long long>(n), threads, simd_name(cpu_simd_level()),
+              cpu_adamw8bit_uses_vbmi() ? " + VBMI" : "",
               simd_name(tuned_simd_level(CpuKernel::kAdamW)), simd_name(tuned_simd_level(CpuKernel::kAdamW8bit)),
               TORCH_VERSION);
   const auto env_or = [](const char* name) {
