@@ -62,9 +62,8 @@ void cpu_adamw8bit(float* master, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_cod
 inline void split_master(float x, uint16_t& hi, int16_t& lo) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
-  const uint32_t h = (u + 0x8000u) >> 16;
-  hi = static_cast<uint16_t>(h);
-  lo = static_cast<int16_t>(static_cast<uint16_t>(u - (h << 16)));
+  hi = static_cast<uint16_t>((u + 0x8000u) >> 16);
+  lo = static_cast<int16_t>(static_cast<uint16_t>(u));  // u - (hi << 16) is in [-0x8000, 0x7fff]: u's low 16 bits
 }
 inline float join_master(uint16_t hi, int16_t lo) {
   const uint32_t u = (static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(lo));

@@ -144,19 +144,33 @@ struct BytePlaces {
                       // bytes 32..63: lane k's bytes 0, 1 of the first (lower halves)
 };
 
-AVX512_VBMI BytePlaces byte_places() {
-  alignas(64) uint8_t hh[64], tb[64], hv[64];
+// Their index tables, built at compile time.
+struct BytePlaceTables {
+  alignas(64) uint8_t high_half[64];
+  alignas(64) uint8_t top_byte[64];
+  alignas(64) uint8_t halves[64];
+};
+
+constexpr BytePlaceTables make_byte_place_tables() {
+  BytePlaceTables t{};
   for (int k = 0; k < 16; ++k) {
     for (int b = 0; b < 4; ++b) {
-      hh[4 * k + b] = static_cast<uint8_t>(b >= 2 ? 2 * k + (b - 2) : 0);
-      tb[4 * k + b] = static_cast<uint8_t>(b == 3 ? k : 0);
+      t.high_half[4 * k + b] = static_cast<uint8_t>(b >= 2 ? 2 * k + (b - 2) : 0);
+      t.top_byte[4 * k + b] = static_cast<uint8_t>(b == 3 ? k : 0);
     }
-    hv[2 * k] = static_cast<uint8_t>(64 + 4 * k + 2);
-    hv[2 * k + 1] = static_cast<uint8_t>(64 + 4 * k + 3);
-    hv[32 + 2 * k] = static_cast<uint8_t>(4 * k);
-    hv[32 + 2 * k + 1] = static_cast<uint8_t>(4 * k + 1);
+    t.halves[2 * k] = static_cast<uint8_t>(64 + 4 * k + 2);
+    t.halves[2 * k + 1] = static_cast<uint8_t>(64 + 4 * k + 3);
+    t.halves[32 + 2 * k] = static_cast<uint8_t>(4 * k);
+    t.halves[32 + 2 * k + 1] = static_cast<uint8_t>(4 * k + 1);
   }
-  return {_mm512_load_si512(hh), _mm512_load_si512(tb), _mm512_load_si512(hv)};
+  return t;
+}
+
+constexpr BytePlaceTables kBytePlaceTables = make_byte_place_tables();
+
+AVX512_VBMI inline BytePlaces byte_places() {
+  return {_mm512_load_si512(kBytePlaceTables.high_half), _mm512_load_si512(kBytePlaceTables.top_byte),
+          _mm512_load_si512(kBytePlaceTables.halves)};
 }
 
 constexpr __mmask64 kHighHalfBytes = 0xCCCCCCCCCCCCCCCCull, kTopBytes = 0x8888888888888888ull;
