@@ -247,83 +247,86 @@ DecodeTable decode_table(const quant8::Map& m, int shift) {
   return t;
 }
 
-// Encoding: y in [2^-31, 1] (clamped) is looked up by its exponent e: slot
-// (e >> 1) & 15, one slot per two binades, so that the tables fit one register
-// each. The level index k is 0 below the zero threshold and level + 1 above;
-// the code is round(y x inv_step[k] + offset[k]), with no clamp: k switches
-// from level L to L + 1 at L's last point (not at the midpoint to the next
-// level's first point), so that between that point and the midpoint the upper
-// level's line, whose step is 5x wider, still rounds to L's last code, and a
-// level's own line never reaches past its last code. A slot holds at most one
-// switch: the switches are a decade apart, but for the zero threshold and
-// level 0's (a factor of 2), where level 0's moves up to the next slot if
-// needed (anywhere below the midpoint to level 1 gives the same codes). The
-// slot gives the k below its switch (base) and the switch (split, 2 if none).
-struct EncodeTable {
-  alignas(64) float split[16];
-  alignas(64) int32_t base[16];
-  alignas(64) float inv_step[16];
-  alignas(64) float offset[16];
+// Encoding. Join the map's points p_0 = 0 < p_1 < ... (decode_magnitude) by straight
+// lines: the interpolant t(y), with t(p_c) = c, crosses c + 1/2 at the midpoint of p_c and
+// p_c+1, so round(t(y)) is the code of the nearest point. Its pieces: line 0 through 0 and
+// the smallest point (slope 1 / first[0]), then level L's line (L = 1 .. bits - 1), which
+// already passes through level L - 1's last point (the gap from there to level L's first
+// point is level L's step, 10^(L - bits + 1) x 0.9 / 2^L). The slopes fall (by 4.5, then
+// by 5 per level), so t is concave: it is the minimum of its lines, and of any subset of
+// them that holds the line in force. Line L gives way to L + 1 at level L's last point, a
+// decade below the next switch, so that an interval of two binades holds at most one switch
+// and t there is the smaller of two lines.
+//
+// The kernel encodes the moment x itself, not y = x / absmax: per block, each of the 16
+// two-binade slots of x in [floor, absmax] (slot = x's top 8 bits & 15; floor = absmax x
+// 2^-28 for the signed map, absmax x first[0] for the unsigned one) gets its two lines,
+// scaled by 1 / absmax. Per 16 values: a max (which also takes |x| and the floor), 4
+// one-register lookups, 2 FMAs, a min, no clamp: |x| <= absmax keeps t <= the top code.
+struct EncodeLines {
+  alignas(64) float inv[16];  // line k: t = y x inv[k] + off[k]; unused entries repeat the last line
+  alignas(64) float off[16];
+  float bp[16];               // line k gives way to k + 1 at y = bp[k]
+  int lines;
+  float floor;                // y below it encodes as y = floor
 };
 
-int encode_slot(float y) { return static_cast<int>(float_bits(y) >> 24) & 15; }
-
-EncodeTable encode_table(const quant8::Map& m, int below_zero_code) {
-  EncodeTable t{};
-  std::vector<float> switches{m.zero_threshold};
-  for (int level = 0; level + 1 < m.bits; ++level) {
-    const float last = quant8::decode_magnitude(m, static_cast<uint8_t>((2 << level) - 1));
-    float sw = last;
-    if (encode_slot(sw) == encode_slot(switches.back())) {
-      const int e = static_cast<int>(float_bits(sw) >> 23) - 127;  // sw's binade: 2^e
-      sw = std::ldexp(1.0f, e + 1 + ((e + 127) & 1 ? 0 : 1));     // the next slot starts at an even exponent + 127
-      // Level L's line reaches past its last code half a step above it; level 0 is one point.
-      const float limit = level == 0 ? m.threshold[0] : last + 0.5f * m.step[level];
-      if (encode_slot(sw) == encode_slot(switches.back()) || sw >= limit)
-        throw std::logic_error("quant8: no room for a level switch");
-    }
-    switches.push_back(sw);
+EncodeLines encode_lines(const quant8::Map& m, bool positive) {
+  EncodeLines e{};
+  e.lines = m.bits;
+  e.inv[0] = 1.0f / m.first[0];
+  e.off[0] = 0.0f;
+  for (int level = 1; level < m.bits; ++level) {
+    e.inv[level] = m.inv_step[level];
+    e.off[level] = static_cast<float>(1 << level) - m.first[level] * m.inv_step[level];
   }
-  for (int s = 0; s < 16; ++s) t.split[s] = 2.0f;
-  for (int e = -31; e <= 0; e += 2) {  // slot of [2^e, 2^(e+2)): e + 127 even
-    const float lo = std::ldexp(1.0f, e), hi = 4.0f * lo;
-    const int s = encode_slot(lo);
-    int base = 0, inside = 0;
-    for (float sw : switches) {
-      if (sw <= lo) ++base;
-      else if (sw < hi) {
-        t.split[s] = sw;
-        ++inside;
-      }
-    }
-    if (inside > 1) throw std::logic_error("quant8: a slot holds two level switches");
-    t.base[s] = base;
+  for (int k = m.bits; k < 16; ++k) {
+    e.inv[k] = e.inv[m.bits - 1];
+    e.off[k] = e.off[m.bits - 1];
   }
-  t.inv_step[0] = 0.0f;
-  t.offset[0] = static_cast<float>(below_zero_code);
-  for (int level = 0; level < m.bits; ++level) {
-    t.inv_step[level + 1] = m.inv_step[level];
-    t.offset[level + 1] = static_cast<float>(1 << level) - m.first[level] * m.inv_step[level];
-  }
-  return t;
+  for (int level = 0; level + 1 < m.bits; ++level)
+    e.bp[level] = quant8::decode_magnitude(m, static_cast<uint8_t>((2 << level) - 1));
+  // The unsigned map gives a positive y at least code 1 (quant8.h): the smallest point.
+  e.floor = positive ? m.first[0] : 0x1p-28f;
+  for (int level = 0; level + 2 < m.bits; ++level)  // a decade apart: at most one per two binades
+    if (e.bp[level + 1] < 4.0f * e.bp[level]) throw std::logic_error("quant8: two encoder switches within two binades");
+  if (e.floor >= 0.5f * m.first[0] && !positive) throw std::logic_error("quant8: the encoder's floor is not below code 1");
+  return e;
 }
 
-struct EncodeRegs {
-  __m512 split, inv_step, offset;
-  __m512i base;
+// Smallest absmax (other than 0) of a block that the AVX-512 encoder takes: the 16 slots
+// below it start at a normal float. Smaller (and infinite or NaN) ones: scalar encoder.
+constexpr float kMinEncodeAbsmax = 0x1p-95f;
+
+struct SlotLines {
+  __m512 a_lo, b_lo, a_hi, b_hi;  // per slot: the two lines, t = x a + b
+  __m512 floor;
 };
 
-AVX512 EncodeRegs encode_regs(const EncodeTable& t) {
-  return {_mm512_load_ps(t.split), _mm512_load_ps(t.inv_step), _mm512_load_ps(t.offset), _mm512_load_si512(t.base)};
+// absmax: 0 (all values 0: every code 0) or in [kMinEncodeAbsmax, FLT_MAX].
+AVX512 inline SlotLines slot_lines(const EncodeLines& e, float absmax) {
+  if (absmax == 0.0f) return {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const __m512i one = _mm512_set1_epi32(1);
+  // Slot j holds x's top 8 bits h with h & 15 = j and h in [top - 15, top]: x in [2^(2h-127), 2^(2h-125)).
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(float_bits(absmax) >> 24));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i h = _mm512_sub_epi32(top, _mm512_and_si512(_mm512_sub_epi32(top, lane), _mm512_set1_epi32(15)));
+  const __m512 slot_start = _mm512_castsi512_ps(_mm512_slli_epi32(h, 24));
+  __m512i k = _mm512_setzero_si512();  // the line in force at the slot's start
+  for (int s = 0; s + 1 < e.lines; ++s)
+    k = _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(_mm512_set1_ps(e.bp[s] * absmax), slot_start, _CMP_LE_OQ), k, one);
+  const __m512i k_next = _mm512_min_epi32(_mm512_add_epi32(k, one), _mm512_set1_epi32(e.lines - 1));
+  const __m512 a = _mm512_mul_ps(_mm512_load_ps(e.inv), _mm512_set1_ps(1.0f / absmax)), b = _mm512_load_ps(e.off);
+  return {_mm512_permutexvar_ps(k, a), _mm512_permutexvar_ps(k, b), _mm512_permutexvar_ps(k_next, a),
+          _mm512_permutexvar_ps(k_next, b), _mm512_set1_ps(e.floor * absmax)};
 }
 
-// y already in [2^-31, 1]: the code, before its conversion to an integer (round to nearest even).
-AVX512 inline __m512 encode_t(const EncodeRegs& r, __m512 y) {
-  const __m512i s = _mm512_srli_epi32(_mm512_castps_si512(y), 24);  // permutes read its low 4 bits
-  __m512i k = _mm512_permutexvar_epi32(s, r.base);
-  const __m512 split = _mm512_permutexvar_ps(s, r.split);
-  k = _mm512_mask_add_epi32(k, _mm512_cmp_ps_mask(y, split, _CMP_GE_OQ), k, _mm512_set1_epi32(1));
-  return _mm512_fmadd_ps(y, _mm512_permutexvar_ps(k, r.inv_step), _mm512_permutexvar_ps(k, r.offset));
+// x already >= the floor (and <= absmax): the code, before its conversion to an integer
+// (round to nearest even).
+AVX512 inline __m512 encode_t(const SlotLines& r, __m512 x) {
+  const __m512i s = _mm512_srli_epi32(_mm512_castps_si512(x), 24);  // permutes read its low 4 bits
+  return _mm512_min_ps(_mm512_fmadd_ps(x, _mm512_permutexvar_ps(s, r.a_lo), _mm512_permutexvar_ps(s, r.b_lo)),
+                       _mm512_fmadd_ps(x, _mm512_permutexvar_ps(s, r.a_hi), _mm512_permutexvar_ps(s, r.b_hi)));
 }
 
 // 4 x 16 codes (0..255 in int32 lanes) -> 64 bytes in order.

@@ -428,16 +428,21 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
 }
 
 TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the nearest points)") {
-  // With beta1 = beta2 = 0 and fp32 gradients the new moments are m = g and v = g * g
-  // exactly, and a block whose first gradient is 1 has absmax 1, so that every kernel
-  // encodes y = |g| (first moment, with g's sign) and y = g * g (second moment). The scalar
-  // encoder is checked against a brute-force nearest point above. The values: every point
-  // of both maps, every midpoint between neighbours and every level switch, each with its
-  // 4 neighbouring floats; 0, denormals and values under 2^-31; then log-uniform ones over
-  // 10^-9 .. 1. A SIMD code may differ from the scalar one only by one step and only at a
-  // tie: the AVX-512 encoder computes y x inv_step + offset in one rounding, with offset
-  // (up to 2^8) and inv_step rounded to float, which moves the result by up to ~3 x 2^-16
-  // of a step; so where y is within 2^-13 of a step from the midpoint of the two points.
+  // With beta1 = beta2 = 0, lr = 0 and fp32 gradients the new moments are m = g and
+  // v = g * g exactly. Each block starts with the gradient s (or -s), its absmax, and the
+  // scalar encoder (checked against a brute-force nearest point above) encodes y = x *
+  // (1 / absmax) for each moment x. The y: every point of both maps, every midpoint between
+  // neighbours and every level switch, each with its 4 neighbouring floats; 0, denormals and
+  // values under 2^-31; then log-uniform ones over 10^-9 .. 1. The blocks' scales s: 1, 0
+  // (every code 0), ones whose second-moment absmax s^2 is at or just under the AVX-512
+  // encoder's smallest (2^-95, under which it hands the block to the scalar encoder), and
+  // random ones over 2^-48 .. 2^58 with random mantissas: the AVX-512 encoder encodes x, not
+  // y, through lookups by x's exponent that it rebuilds per block from the absmax.
+  // A SIMD code may differ from the scalar one only by one step and only at a tie: the
+  // AVX-512 encoder computes x (inv_step / absmax) + offset in one rounding, with offset (up
+  // to 2^8) and the product rounded to float, which moves the result by up to ~4 x 2^-16 of a
+  // step from the scalar encoder's (which rounds y first); so where y is within 2^-13 of a
+  // step from the midpoint of the two points.
   std::vector<float> y;
   for (const quant8::Map* map : {&quant8::signed_magnitudes(), &quant8::unsigned_map()}) {
     const int size = 1 << map->bits;
@@ -463,22 +468,37 @@ TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the n
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> exponent(-9.0f, 0.0f);
   while (y.size() < fixed + 600000) y.push_back(std::pow(10.0f, exponent(rng)));
-  // Blocks of kBlock values, each starting with the gradient 1 (or -1); the signed moments
-  // take alternating signs, the second moments take sqrt(y) as gradient (its square is y to
-  // rounding; the check below uses the kernel's own v = g * g).
+  // Blocks of kBlock values, each starting with its scale s; the signed moments take
+  // alternating signs, the second moments take sqrt(y) s as gradient (its square is y s^2
+  // to rounding; the check below uses the kernel's own v = g * g).
   const int64_t per_block = quant8::kBlock - 1;
   const int64_t blocks = static_cast<int64_t>((y.size() + per_block - 1) / per_block);
   const int64_t n = blocks * quant8::kBlock;
+  std::vector<float> scale(static_cast<size_t>(blocks));
+  std::uniform_int_distribution<int> binade(-48, 58);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float& s = scale[static_cast<size_t>(b)];
+    s = b % 4 == 0 ? 1.0f : std::ldexp(mantissa(rng), binade(rng));
+    if (b == 1) s = 0.0f;
+    if (b == 2) s = 0x1p-47f;          // s^2 = 2^-94
+    if (b == 3) s = 0x1p-48f;          // s^2 = 2^-96: the scalar encoder
+    if (b == 5) s = 0x1.6a09e6p-48f;   // s^2 = 2^-95 to rounding (sqrt(2) x 2^-48)
+  }
+  int64_t scalar_blocks = 0;
+  for (float s : scale) scalar_blocks += s > 0 && s * s < 0x1p-95f;
+  REQUIRE(scalar_blocks >= 1);
   for (int which = 0; which < 2; ++which) {  // 0: first moment, 1: second moment
     CAPTURE(which);
     auto grad = torch::zeros({n});
     float* g = grad.data_ptr<float>();
     for (int64_t b = 0; b < blocks; ++b) {
-      g[b * quant8::kBlock] = (b & 1) ? -1.0f : 1.0f;
+      const float s = scale[static_cast<size_t>(b)];
+      g[b * quant8::kBlock] = (b & 1) ? -s : s;
       for (int64_t j = 0; j < per_block; ++j) {
         const size_t k = static_cast<size_t>(b * per_block + j);
         const float v = k < y.size() ? y[k] : 0.5f;
-        g[b * quant8::kBlock + 1 + j] = which == 0 ? ((k & 1) ? -v : v) : std::sqrt(v);
+        g[b * quant8::kBlock + 1 + j] = which == 0 ? ((k & 1) ? -v : v) * s : std::sqrt(v) * s;
       }
     }
     kernels::AdamWArgs a;
@@ -490,8 +510,11 @@ TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the n
       auto am = torch::zeros({blocks}), av = torch::zeros({blocks});
       cpu_adamw8bit(master.data_ptr<float>(), qm.data_ptr<uint8_t>(), qv.data_ptr<uint8_t>(), am.data_ptr<float>(),
                     av.data_ptr<float>(), g, kernels::DType::kFloat32, nullptr, kernels::DType::kBFloat16, n, a, level);
-      CHECK(am.eq(1.0f).all().item<bool>());
-      CHECK(av.eq(1.0f).all().item<bool>());
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float s = scale[static_cast<size_t>(b)];
+        CHECK(am.data_ptr<float>()[b] == s);
+        CHECK(av.data_ptr<float>()[b] == s * s);
+      }
       return which == 0 ? qm : qv;
     };
     const torch::Tensor scalar = codes(SimdLevel::kScalar);
@@ -507,14 +530,18 @@ TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the n
       int64_t ties = 0, wrong = 0;
       for (int64_t i = 0; i < n; ++i) {
         if (q[i] == s[i]) continue;
-        const float yi = which == 0 ? std::fabs(g[i]) : g[i] * g[i];
+        const float absmax = which == 0 ? std::fabs(g[i / quant8::kBlock * quant8::kBlock])
+                                        : g[i / quant8::kBlock * quant8::kBlock] * g[i / quant8::kBlock * quant8::kBlock];
+        const float x = which == 0 ? std::fabs(g[i]) : g[i] * g[i];
+        const float yi = x * (1.0f / absmax);  // as the scalar encoder's y
         const int a_mag = which == 0 ? (q[i] & 0x7F) : q[i], b_mag = which == 0 ? (s[i] & 0x7F) : s[i];
         const float pa = quant8::decode_magnitude(map, static_cast<uint8_t>(a_mag));
         const float pb = quant8::decode_magnitude(map, static_cast<uint8_t>(b_mag));
         const bool tie = std::abs(a_mag - b_mag) == 1 && (which == 1 || (q[i] & 0x80) == (s[i] & 0x80)) &&
                          std::fabs(yi - 0.5f * (pa + pb)) <= std::ldexp(std::fabs(pa - pb), -13);
         (tie ? ties : wrong) += 1;
-        if (!tie && wrong <= 5) MESSAGE("y = " << yi << ": code " << int(q[i]) << ", scalar " << int(s[i]));
+        if (!tie && wrong <= 5)
+          MESSAGE("block absmax " << absmax << ", y = " << yi << ": code " << int(q[i]) << ", scalar " << int(s[i]));
       }
       MESSAGE(simd_name(level) << ": " << ties << " ties decided the other way of " << n);
       CHECK(wrong == 0);
