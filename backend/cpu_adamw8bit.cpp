@@ -139,7 +139,6 @@ AVX512 inline __m512i load_codes(const uint8_t* q) {
 // kernel needs, in one operation where a widening load and a shift take two.
 struct BytePlaces {
   __m512i high_half;  // 32-bit lane k, bytes 2, 3 <- source bytes 2k, 2k + 1 (a 16-bit value << 16)
-  __m512i top_byte;   // lane k, byte 3 <- source byte k (an 8-bit code << 24)
   __m512i halves;     // bytes 0..31: lane k's bytes 2, 3 of the second table (upper halves);
                       // bytes 32..63: lane k's bytes 0, 1 of the first (lower halves)
 };
@@ -147,7 +146,6 @@ struct BytePlaces {
 // Their index tables, built at compile time.
 struct BytePlaceTables {
   alignas(64) uint8_t high_half[64];
-  alignas(64) uint8_t top_byte[64];
   alignas(64) uint8_t halves[64];
 };
 
@@ -156,7 +154,6 @@ constexpr BytePlaceTables make_byte_place_tables() {
   for (int k = 0; k < 16; ++k) {
     for (int b = 0; b < 4; ++b) {
       t.high_half[4 * k + b] = static_cast<uint8_t>(b >= 2 ? 2 * k + (b - 2) : 0);
-      t.top_byte[4 * k + b] = static_cast<uint8_t>(b == 3 ? k : 0);
     }
     t.halves[2 * k] = static_cast<uint8_t>(64 + 4 * k + 2);
     t.halves[2 * k + 1] = static_cast<uint8_t>(64 + 4 * k + 3);
@@ -169,22 +166,15 @@ constexpr BytePlaceTables make_byte_place_tables() {
 constexpr BytePlaceTables kBytePlaceTables = make_byte_place_tables();
 
 AVX512_VBMI inline BytePlaces byte_places() {
-  return {_mm512_load_si512(kBytePlaceTables.high_half), _mm512_load_si512(kBytePlaceTables.top_byte),
-          _mm512_load_si512(kBytePlaceTables.halves)};
+  return {_mm512_load_si512(kBytePlaceTables.high_half), _mm512_load_si512(kBytePlaceTables.halves)};
 }
 
-constexpr __mmask64 kHighHalfBytes = 0xCCCCCCCCCCCCCCCCull, kTopBytes = 0x8888888888888888ull;
+constexpr __mmask64 kHighHalfBytes = 0xCCCCCCCCCCCCCCCCull;
 
 // 16 16-bit values, each shifted into the upper half of its 32-bit lane.
 AVX512_VBMI inline __m512i load_high_halves(const BytePlaces& bp, const uint16_t* p) {
   const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_maskz_permutexvar_epi8(kHighHalfBytes, bp.high_half, v);
-}
-
-// 16 8-bit codes, each shifted to the top byte of its 32-bit lane.
-AVX512_VBMI inline __m512i load_top_bytes(const BytePlaces& bp, const uint8_t* q) {
-  const __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  return _mm512_maskz_permutexvar_epi8(kTopBytes, bp.top_byte, v);
 }
 
 // Split master weights (cpu_adamw.h), with the byte permutes: x = (hi << 16) + lo, and back:
@@ -199,6 +189,72 @@ AVX512_VBMI inline void store_master16_vbmi(const BytePlaces& bp, uint16_t* hi, 
   const __m512i both = _mm512_permutex2var_epi8(u, bp.halves, _mm512_add_epi32(u, _mm512_set1_epi32(0x8000)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_castsi512_si256(both));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_extracti64x4_epi64(both, 1));
+}
+
+// The first moment's decoding with the byte permutes. Per block, the 128 magnitudes (each
+// code's line value times b1 x absmax, computed as the base body computes it per element)
+// are cut into four byte planes of two registers: plane k holds byte k of every entry's
+// float, entries 0..63 in the first register and 64..127 in the second. Then 64 codes take
+// one two-register byte permute per plane (it reads the code's low 7 bits: the magnitude),
+// the code's sign goes into bit 7 of the top byte, and two rounds of unpacks interleave the
+// planes into 4 x 16 floats: 14 vector operations per 64 codes, where the lines take 8 per 16.
+struct MomentPlanes {
+  __m512i low[4], high[4];  // per byte of the float: entries 0..63, 64..127
+};
+
+struct PlaneTables {
+  alignas(64) uint8_t gather[4][64];  // byte j <- byte 4 j + k of the 128-byte pair of registers
+  alignas(64) uint8_t order[64];      // the code order whose unpacked planes come out in order
+};
+
+constexpr PlaneTables make_plane_tables() {
+  PlaneTables t{};
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 64; ++j) t.gather[k][j] = static_cast<uint8_t>((4 * j + k) & 127);
+  // The unpacks leave, in output register r, 32-bit lane 4 L + i (128-bit lane L) = input byte
+  // 16 L + 4 r + i; it must hold code 16 r + 4 L + i.
+  for (int lane = 0; lane < 4; ++lane)
+    for (int r = 0; r < 4; ++r)
+      for (int i = 0; i < 4; ++i) t.order[16 * lane + 4 * r + i] = static_cast<uint8_t>(16 * r + 4 * lane + i);
+  return t;
+}
+
+constexpr PlaneTables kPlaneTables = make_plane_tables();
+
+AVX512_VBMI inline MomentPlanes moment_planes(__m512 m_slope, __m512 m_int) {
+  __m512i entries[8];
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int r = 0; r < 8; ++r) {  // the base body's decode of magnitude codes 16 r .. 16 r + 15
+    const __m512i mag = _mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * r)), 24);
+    const __m512i slot = _mm512_lzcnt_epi32(mag);
+    entries[r] = _mm512_castps_si512(_mm512_fmadd_ps(_mm512_cvtepi32_ps(mag), _mm512_permutexvar_ps(slot, m_slope),
+                                                     _mm512_permutexvar_ps(slot, m_int)));
+  }
+  MomentPlanes planes;
+  for (int k = 0; k < 4; ++k) {
+    const __m512i gather = _mm512_load_si512(kPlaneTables.gather[k]);
+    for (int half = 0; half < 2; ++half) {
+      const __m512i* e = entries + 4 * half;
+      const __m512i plane = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(0x00000000FFFFFFFFull, e[0], gather, e[1]),
+                                            _mm512_maskz_permutex2var_epi8(0xFFFFFFFF00000000ull, e[2], gather, e[3]));
+      (half ? planes.high : planes.low)[k] = plane;
+    }
+  }
+  return planes;
+}
+
+// 64 first-moment codes -> their values (b1 m_old), 4 x 16 floats in order.
+AVX512_VBMI inline void decode_m64(const MomentPlanes& planes, __m512i order, const uint8_t* q, __m512 out[4]) {
+  const __m512i codes = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(q));
+  __m512i b[4];
+  for (int k = 0; k < 4; ++k) b[k] = _mm512_permutex2var_epi8(planes.low[k], codes, planes.high[k]);
+  b[3] = _mm512_ternarylogic_epi32(b[3], codes, _mm512_set1_epi32(static_cast<int>(0x80808080u)), 0xF8);  // A | (B & C)
+  const __m512i b01_low = _mm512_unpacklo_epi8(b[0], b[1]), b01_high = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i b23_low = _mm512_unpacklo_epi8(b[2], b[3]), b23_high = _mm512_unpackhi_epi8(b[2], b[3]);
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(b01_low, b23_low));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(b01_low, b23_low));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(b01_high, b23_high));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(b01_high, b23_high));
 }
 
 // The AVX-512 body is written for few vector operations per element: on 16
