@@ -191,6 +191,53 @@ AVX512_VBMI inline void store_master16_vbmi(const BytePlaces& bp, uint16_t* hi, 
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_extracti64x4_epi64(both, 1));
 }
 
+// The AVX-512 body is written for few vector operations per element: on 16
+// threads of the one-GPU H200 host's Xeon it was bound by the vector ports
+// (pass 1 alone ran at the DRAM bound, pass 2 alone at twice the speed of
+// both; session 6 in docs/backend_v2_results.md); with the VBMI decoding and
+// the encoder below it runs at 80-85 % of the bandwidth bound. Both directions
+// of the map are table lookups in registers, the tables carry the block's
+// scale, and the reciprocal square root and reciprocal are the 14-bit
+// estimates (relative error 2^-14, far under the 8-bit states' own; the fp32
+// kernel keeps exact division).
+//
+// Decoding: the code's magnitude as an integer (the m code's 7 bits shifted
+// up by 24, next to its sign bit; the v code as is) has the level in its
+// leading zeros, lzcnt = 31 - shift - level, and lzcnt & 15 picks one of 16
+// slots (32 for code 0: slot 0) holding the level's line, value =
+// float(integer) x slope + intercept: one-register lookups.
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+struct DecodeTable {
+  alignas(64) float intercept[16];
+  alignas(64) float slope[16];
+};
+
+DecodeTable decode_table(const quant8::Map& m, int shift) {
+  DecodeTable t{};  // slot 0: code 0, the zero line
+  bool used[16] = {true};
+  for (int level = 0; level < m.bits; ++level) {
+    const int slot = (31 - shift - level) & 15;
+    if (used[slot]) throw std::logic_error("quant8: two levels share a decode slot");
+    used[slot] = true;
+    // Level 0 is one point; the others are lines through their evenly spaced points.
+    t.slope[slot] = level == 0 ? 0.0f : std::ldexp(m.step[level], -shift);
+    t.intercept[slot] = level == 0 ? m.first[0] : m.first[level] - static_cast<float>(1 << level) * m.step[level];
+  }
+  for (int c = 0; c < (1 << m.bits); ++c) {  // every code decodes to its point (to float rounding)
+    const int slot = (c == 0 ? 32 : __builtin_clz(static_cast<unsigned>(c) << shift)) & 15;
+    const float f = std::ldexp(static_cast<float>(c), shift);
+    const float value = std::fma(f, t.slope[slot], t.intercept[slot]);
+    const float point = quant8::decode_magnitude(m, static_cast<uint8_t>(c));
+    if (std::fabs(value - point) > 1e-6f * point) throw std::logic_error("quant8: a decode line misses its point");
+  }
+  return t;
+}
+
 // The first moment's decoding with the byte permutes. Per block, the 128 magnitudes (each
 // code's line value times b1 x absmax, computed as the base body computes it per element)
 // are cut into four byte planes of two registers: plane k holds byte k of every entry's
@@ -255,52 +302,6 @@ AVX512_VBMI inline void decode_m64(const MomentPlanes& planes, __m512i order, co
   out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(b01_low, b23_low));
   out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(b01_high, b23_high));
   out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(b01_high, b23_high));
-}
-
-// The AVX-512 body is written for few vector operations per element: on 16
-// threads of the one-GPU H200 host's Xeon it is bound by the vector ports
-// (pass 1 alone runs at the DRAM bound, pass 2 alone at twice the speed of
-// both; session 6 in docs/backend_v2_results.md). Both directions
-// of the map are table lookups in registers, the tables carry the block's
-// scale, and the reciprocal square root and reciprocal are the 14-bit
-// estimates (relative error 2^-14, far under the 8-bit states' own; the fp32
-// kernel keeps exact division).
-//
-// Decoding: the code's magnitude as an integer (the m code's 7 bits shifted
-// up by 24, next to its sign bit; the v code as is) has the level in its
-// leading zeros, lzcnt = 31 - shift - level, and lzcnt & 15 picks one of 16
-// slots (32 for code 0: slot 0) holding the level's line, value =
-// float(integer) x slope + intercept: one-register lookups.
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-struct DecodeTable {
-  alignas(64) float intercept[16];
-  alignas(64) float slope[16];
-};
-
-DecodeTable decode_table(const quant8::Map& m, int shift) {
-  DecodeTable t{};  // slot 0: code 0, the zero line
-  bool used[16] = {true};
-  for (int level = 0; level < m.bits; ++level) {
-    const int slot = (31 - shift - level) & 15;
-    if (used[slot]) throw std::logic_error("quant8: two levels share a decode slot");
-    used[slot] = true;
-    // Level 0 is one point; the others are lines through their evenly spaced points.
-    t.slope[slot] = level == 0 ? 0.0f : std::ldexp(m.step[level], -shift);
-    t.intercept[slot] = level == 0 ? m.first[0] : m.first[level] - static_cast<float>(1 << level) * m.step[level];
-  }
-  for (int c = 0; c < (1 << m.bits); ++c) {  // every code decodes to its point (to float rounding)
-    const int slot = (c == 0 ? 32 : __builtin_clz(static_cast<unsigned>(c) << shift)) & 15;
-    const float f = std::ldexp(static_cast<float>(c), shift);
-    const float value = std::fma(f, t.slope[slot], t.intercept[slot]);
-    const float point = quant8::decode_magnitude(m, static_cast<uint8_t>(c));
-    if (std::fabs(value - point) > 1e-6f * point) throw std::logic_error("quant8: a decode line misses its point");
-  }
-  return t;
 }
 
 // Encoding. Join the map's points p_0 = 0 < p_1 < ... (decode_magnitude) by straight
