@@ -238,6 +238,14 @@ DecodeTable decode_table(const quant8::Map& m, int shift) {
   return t;
 }
 
+// A code's magnitude as an integer (lanes of 32 bits) -> its value: the line of the slot
+// its leading zeros pick (the tables carry the block's scale).
+AVX512 inline __m512 decode_lines(__m512i magnitude, __m512 slope, __m512 intercept) {
+  const __m512i slot = _mm512_lzcnt_epi32(magnitude);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(magnitude), _mm512_permutexvar_ps(slot, slope),
+                         _mm512_permutexvar_ps(slot, intercept));
+}
+
 // The first moment's decoding with the byte permutes. Per block, the 128 magnitudes (each
 // code's line value times b1 x absmax, computed as the base body computes it per element)
 // are cut into four byte planes of two registers: plane k holds byte k of every entry's
@@ -273,9 +281,7 @@ AVX512_VBMI inline MomentPlanes moment_planes(__m512 m_slope, __m512 m_int) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int r = 0; r < 8; ++r) {  // the base body's decode of magnitude codes 16 r .. 16 r + 15
     const __m512i mag = _mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * r)), 24);
-    const __m512i slot = _mm512_lzcnt_epi32(mag);
-    entries[r] = _mm512_castps_si512(_mm512_fmadd_ps(_mm512_cvtepi32_ps(mag), _mm512_permutexvar_ps(slot, m_slope),
-                                                     _mm512_permutexvar_ps(slot, m_int)));
+    entries[r] = _mm512_castps_si512(decode_lines(mag, m_slope, m_int));
   }
   MomentPlanes planes;
   for (int k = 0; k < 4; ++k) {

@@ -580,8 +580,8 @@ TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the n
       int64_t ties = 0, wrong = 0;
       for (int64_t i = 0; i < n; ++i) {
         if (q[i] == s[i]) continue;
-        const float absmax = which == 0 ? std::fabs(g[i / quant8::kBlock * quant8::kBlock])
-                                        : g[i / quant8::kBlock * quant8::kBlock] * g[i / quant8::kBlock * quant8::kBlock];
+        const float first = g[i / quant8::kBlock * quant8::kBlock];  // the block's scale s (or -s)
+        const float absmax = which == 0 ? std::fabs(first) : first * first;
         const float x = which == 0 ? std::fabs(g[i]) : g[i] * g[i];
         const float yi = x * (1.0f / absmax);  // as the scalar encoder's y
         const int a_mag = which == 0 ? (q[i] & 0x7F) : q[i], b_mag = which == 0 ? (s[i] & 0x7F) : s[i];
