@@ -72,7 +72,7 @@ STEPCAST_TARGET_AVX512 inline void store_master16(uint16_t* hi, int16_t* lo, int
 }
 
 // Whether the output copy takes non-temporal stores: 64-byte aligned (every chunk and block
-// starts at a multiple of 64 elements from it), unless STEPCAST_CPU_STREAM=0 (for comparison).
+// starts at a multiple of 64 elements from it).
 bool can_stream(const void* out);
 
 struct AdamWRegs8 {

@@ -4,12 +4,12 @@
 #include "backend/adamw_simd.h"
 #include "backend/cpu_cores.h"
 #include "backend/quant8.h"
-#include "model/errors.h"
+#include "common/errors.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <cmath>
@@ -126,69 +126,46 @@ const char* simd_name(SimdLevel l) {
 
 namespace {
 
-SimdLevel probe(CpuKernel kernel) {
-  if (const char* env = std::getenv("STEPCAST_CPU_SIMD"); env && *env) {
-    const std::string e = env;
-    if (e == "scalar") return SimdLevel::kScalar;
-    if (e == "avx2" && cpu_simd_level() != SimdLevel::kScalar) return SimdLevel::kAvx2;
-    if (e == "avx512" && cpu_simd_level() == SimdLevel::kAvx512) return SimdLevel::kAvx512;
-    throw InputError("STEPCAST_CPU_SIMD=\"" + e + "\" is not valid here (valid: scalar, avx2, avx512 up to this CPU's " +
-                     simd_name(cpu_simd_level()) + "; or unset to time them)");
+std::atomic<SimdLevel> g_selected{SimdLevel::kAuto};
+
+bool cpu_has(SimdLevel level) {
+  const SimdLevel widest = cpu_simd_level();
+  switch (level) {
+    case SimdLevel::kAvx512: return widest == SimdLevel::kAvx512;
+    case SimdLevel::kAvx2: return widest != SimdLevel::kScalar;
+    default: return true;
   }
-  std::vector<SimdLevel> levels;
-  if (cpu_simd_level() == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
-  if (cpu_simd_level() != SimdLevel::kScalar) levels.push_back(SimdLevel::kAvx2);
-  if (levels.size() < 2) return cpu_simd_level();
-  const int64_t n = int64_t{16} << 20;  // beyond the caches: the regime the optimizer runs in
-  std::vector<float> p(static_cast<size_t>(n), 0.01f), m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
-  std::vector<uint16_t> g(static_cast<size_t>(n), float_to_bf16(1e-3f)), out(static_cast<size_t>(n));
-  std::vector<uint8_t> qm(static_cast<size_t>(n)), qv(static_cast<size_t>(n));
-  std::vector<float> am(static_cast<size_t>(quant8::num_blocks(n))), av(am.size());
-  kernels::AdamWArgs args;
-  SimdLevel best = levels.front();
-  double best_s = 1e30;
-  for (SimdLevel level : levels) {
-    double t_min = 1e30;
-    for (int r = 0; r < 6; ++r) {  // the first run warms up
-      const auto t0 = std::chrono::steady_clock::now();
-      args.step = r + 1;
-      if (kernel == CpuKernel::kAdamW)
-        cpu_adamw(p.data(), m.data(), v.data(), g.data(), kernels::DType::kBFloat16, out.data(),
-                  kernels::DType::kBFloat16, n, args, level);
-      else
-        cpu_adamw8bit(p.data(), qm.data(), qv.data(), am.data(), av.data(), g.data(), kernels::DType::kBFloat16,
-                      out.data(), kernels::DType::kBFloat16, n, args, level);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) t_min = std::min(t_min, s);
-    }
-    // Levels come widest first; a narrower one must win by 5 % (noise would otherwise decide).
-    if (t_min < 0.95 * best_s) {
-      best_s = t_min;
-      best = level;
-    }
-  }
-  return best;
 }
 
 }  // namespace
 
-SimdLevel tuned_simd_level(CpuKernel kernel) {
-  if (kernel == CpuKernel::kAdamW) {
-    static const SimdLevel level = probe(CpuKernel::kAdamW);
-    return level;
+void select_simd(SimdLevel level) {
+  if (!cpu_has(level))
+    throw InputError(std::string("--cpu-simd ") + simd_name(level) + " is not available on this CPU (its widest: " +
+                     simd_name(cpu_simd_level()) + ")");
+  g_selected.store(level);
+}
+
+SimdLevel selected_simd() {
+  const SimdLevel s = g_selected.load();
+  return s == SimdLevel::kAuto ? cpu_simd_level() : s;
+}
+
+SimdLevel simd_level_of(CpuSimd setting) {
+  switch (setting) {
+    case CpuSimd::kScalar: return SimdLevel::kScalar;
+    case CpuSimd::kAvx2: return SimdLevel::kAvx2;
+    case CpuSimd::kAvx512: return SimdLevel::kAvx512;
+    case CpuSimd::kAuto: break;
   }
-  static const SimdLevel level = probe(CpuKernel::kAdamW8bit);
-  return level;
+  return SimdLevel::kAuto;
 }
 
 void cpu_parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn) {
   parallel_chunks(n, align, fn);
 }
 
-bool can_stream(const void* out) {
-  static const bool allowed = env_switch("STEPCAST_CPU_STREAM", true);
-  return allowed && out && reinterpret_cast<uintptr_t>(out) % 64 == 0;
-}
+bool can_stream(const void* out) { return out && reinterpret_cast<uintptr_t>(out) % 64 == 0; }
 
 void split_master_n(const float* x, uint16_t* hi, int16_t* lo, int64_t n) {
   for (int64_t i = 0; i < n; ++i) split_master(x[i], hi[i], lo[i]);
@@ -198,11 +175,6 @@ void join_master_n(const uint16_t* hi, const int16_t* lo, float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = join_master(hi[i], lo[i]);
 }
 
-bool split_master_enabled() {
-  static const bool enabled = env_switch("STEPCAST_SPLIT_MASTER", true);
-  return enabled;
-}
-
 void set_cpu_threads(int threads) { g_threads = threads; }
 int cpu_threads() { return g_threads > 0 ? g_threads : static_cast<int>(std::thread::hardware_concurrency()); }
 
@@ -210,7 +182,7 @@ void cpu_adamw(float* master, float* m, float* v, const void* grad_ptr, kernels:
                kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& a, SimdLevel level) {
   const Consts c = consts_of(a);
   const GradIn grad{grad_ptr, grad_dtype};
-  if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW);
+  if (level == SimdLevel::kAuto) level = selected_simd();
   const bool stream = can_stream(out);
   parallel_chunks(n, 64, [&](int64_t b, int64_t e) {
     switch (level) {

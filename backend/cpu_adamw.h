@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "backend/kernels.h"
+#include "model/train_config.h"
 
 namespace stepcast::backend {
 
@@ -18,13 +19,13 @@ enum class SimdLevel { kAuto, kScalar, kAvx2, kAvx512 };
 SimdLevel cpu_simd_level();
 const char* simd_name(SimdLevel level);
 
-// What kAuto resolves to for each kernel: $STEPCAST_CPU_SIMD (scalar, avx2 or
-// avx512) when set, else the fastest level this CPU has, timed once per
-// process on 16 Mi parameters with the optimizer's threads, the widest unless
-// a narrower one is 5 % faster (on the H200 host's Xeon, AVX2 beat AVX-512
-// for fp32 AdamW in one session and not in the next; AVX-512 won for 8-bit).
-enum class CpuKernel { kAdamW, kAdamW8bit };
-SimdLevel tuned_simd_level(CpuKernel kernel);
+// What kAuto resolves to: the level `train --cpu-simd` selected, else the widest
+// this CPU has (on the H200 host's Xeon, AVX-512 is the fastest for the bf16
+// gradients training feeds both kernels: data/bench/h200-sxm). select_simd
+// throws InputError for a level this CPU lacks; kAuto restores the default.
+void select_simd(SimdLevel level);
+SimdLevel selected_simd();
+SimdLevel simd_level_of(CpuSimd setting);
 
 // Threads of the CPU optimizer and accumulation (a rank's share of the host's
 // cores); 0 = all hardware threads. Own std::threads, not OpenMP's pool.
@@ -75,16 +76,6 @@ inline float join_master(uint16_t hi, int16_t lo) {
 // Whole arrays of them (host memory).
 void split_master_n(const float* x, uint16_t* hi, int16_t* lo, int64_t n);
 void join_master_n(const uint16_t* hi, const int16_t* lo, float* x, int64_t n);
-
-// Whether 8-bit offload in bf16 keeps split master weights: yes unless $STEPCAST_SPLIT_MASTER=0
-// (for comparison; "0" or "1", else an input error).
-bool split_master_enabled();
-
-// Whether the AVX-512 8-bit body uses AVX512_VBMI byte permutes (where the CPU has them: Ice
-// Lake, Sapphire Rapids, Zen 4 and later); cpu_adamw8bit_allow_vbmi(false) turns them off, so
-// that tests and benchmarks can run both bodies on one CPU.
-bool cpu_adamw8bit_uses_vbmi();
-void cpu_adamw8bit_allow_vbmi(bool allow);
 
 // cpu_adamw8bit with split master weights: master_hi is also the bf16 copy.
 // 14 bytes of traffic per parameter with a bf16 gradient.

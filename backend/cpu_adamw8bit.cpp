@@ -17,7 +17,7 @@
 #include "backend/adamw_simd.h"
 #include "backend/cpu_adamw.h"
 #include "backend/quant8.h"
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast::backend {
 
@@ -76,28 +76,14 @@ void block_scalar(const Block8& b, const Consts& c) {
 }
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd")))
-#define AVX512_VBMI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,avx512vbmi")))
 
 // Software prefetch of a later block into L2 while this one is computed: the two passes
 // are compute-heavy, and the hardware streamers restart at every 4 KiB page of the five
 // streams. A block's lines come in 32 groups of 64 elements (parameters 4 lines, gradient
-// 2 (bf16) or 4 (fp32), each code array 1). $STEPCAST_Q8_PREFETCH picks the plan:
-//   pass2: the next block's 32 groups during pass 2 only (session 4's kernel);
-//   0: none;  D (1..8): block k + D's groups spread over both passes (16 in pass 1, one
-//   every 8 iterations; 16 in pass 2, one every 2), so that requests leave at an even rate.
-constexpr int kPrefetchPass2 = -1;
-
-int prefetch_plan() {
-  static const int plan = [] {
-    const char* env = std::getenv("STEPCAST_Q8_PREFETCH");
-    if (!env || !*env) return 2;
-    const std::string e(env);
-    if (e == "pass2") return kPrefetchPass2;
-    if (e.size() == 1 && e[0] >= '0' && e[0] <= '8') return e[0] - '0';
-    throw InputError("STEPCAST_Q8_PREFETCH=\"" + e + "\" is not valid (valid: pass2, 0 to 8)");
-  }();
-  return plan;
-}
+// 2 (bf16) or 4 (fp32), each code array 1); the groups of the block kPrefetchBlocksAhead
+// ahead are spread over both passes (16 in pass 1, one every 8 iterations; 16 in pass 2,
+// one every 2), so that requests leave at an even rate (data/bench/h200-sxm, a50b8f2).
+constexpr int kPrefetchBlocksAhead = 2;
 
 struct PrefetchLines {
   const char* p;   // fp32 master, or the split master's upper half
@@ -134,68 +120,11 @@ AVX512 inline __m512i load_codes(const uint8_t* q) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
 }
 
-// AVX512_VBMI byte permutes (one vector operation each from Ice Lake on), used where the CPU
-// has them: they place 16-bit and 8-bit values into the bytes of 32-bit lanes that the
-// kernel needs, in one operation where a widening load and a shift take two.
-struct BytePlaces {
-  __m512i high_half;  // 32-bit lane k, bytes 2, 3 <- source bytes 2k, 2k + 1 (a 16-bit value << 16)
-  __m512i halves;     // bytes 0..31: lane k's bytes 2, 3 of the second table (upper halves);
-                      // bytes 32..63: lane k's bytes 0, 1 of the first (lower halves)
-};
-
-// Their index tables, built at compile time.
-struct BytePlaceTables {
-  alignas(64) uint8_t high_half[64];
-  alignas(64) uint8_t halves[64];
-};
-
-constexpr BytePlaceTables make_byte_place_tables() {
-  BytePlaceTables t{};
-  for (int k = 0; k < 16; ++k) {
-    for (int b = 0; b < 4; ++b) {
-      t.high_half[4 * k + b] = static_cast<uint8_t>(b >= 2 ? 2 * k + (b - 2) : 0);
-    }
-    t.halves[2 * k] = static_cast<uint8_t>(64 + 4 * k + 2);
-    t.halves[2 * k + 1] = static_cast<uint8_t>(64 + 4 * k + 3);
-    t.halves[32 + 2 * k] = static_cast<uint8_t>(4 * k);
-    t.halves[32 + 2 * k + 1] = static_cast<uint8_t>(4 * k + 1);
-  }
-  return t;
-}
-
-constexpr BytePlaceTables kBytePlaceTables = make_byte_place_tables();
-
-AVX512_VBMI inline BytePlaces byte_places() {
-  return {_mm512_load_si512(kBytePlaceTables.high_half), _mm512_load_si512(kBytePlaceTables.halves)};
-}
-
-constexpr __mmask64 kHighHalfBytes = 0xCCCCCCCCCCCCCCCCull;
-
-// 16 16-bit values, each shifted into the upper half of its 32-bit lane.
-AVX512_VBMI inline __m512i load_high_halves(const BytePlaces& bp, const uint16_t* p) {
-  const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_maskz_permutexvar_epi8(kHighHalfBytes, bp.high_half, v);
-}
-
-// Split master weights (cpu_adamw.h), with the byte permutes: x = (hi << 16) + lo, and back:
-// hi = upper half of x + 0x8000, lo = x's own low 16 bits, both gathered by one permute.
-AVX512_VBMI inline __m512 load_master16_vbmi(const BytePlaces& bp, const uint16_t* hi, const int16_t* lo, int64_t i) {
-  const __m512i l = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
-  return _mm512_castsi512_ps(_mm512_add_epi32(load_high_halves(bp, hi + i), l));
-}
-
-AVX512_VBMI inline void store_master16_vbmi(const BytePlaces& bp, uint16_t* hi, int16_t* lo, int64_t i, __m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i both = _mm512_permutex2var_epi8(u, bp.halves, _mm512_add_epi32(u, _mm512_set1_epi32(0x8000)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_castsi512_si256(both));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_extracti64x4_epi64(both, 1));
-}
-
 // The AVX-512 body is written for few vector operations per element: on 16
 // threads of the one-GPU H200 host's Xeon it was bound by the vector ports
 // (pass 1 alone ran at the DRAM bound, pass 2 alone at twice the speed of
-// both; session 6 in docs/backend_v2_results.md); with the VBMI decoding and
-// the encoder below it runs at 80-85 % of the bandwidth bound. Both directions
+// both; session 6 in docs/backend_v2_results.md); with the encoder below it
+// runs at 80-85 % of the bandwidth bound. Both directions
 // of the map are table lookups in registers, the tables carry the block's
 // scale, and the reciprocal square root and reciprocal are the 14-bit
 // estimates (relative error 2^-14, far under the 8-bit states' own; the fp32
@@ -244,70 +173,6 @@ AVX512 inline __m512 decode_lines(__m512i magnitude, __m512 slope, __m512 interc
   const __m512i slot = _mm512_lzcnt_epi32(magnitude);
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(magnitude), _mm512_permutexvar_ps(slot, slope),
                          _mm512_permutexvar_ps(slot, intercept));
-}
-
-// The first moment's decoding with the byte permutes. Per block, the 128 magnitudes (each
-// code's line value times b1 x absmax, computed as the base body computes it per element)
-// are cut into four byte planes of two registers: plane k holds byte k of every entry's
-// float, entries 0..63 in the first register and 64..127 in the second. Then 64 codes take
-// one two-register byte permute per plane (it reads the code's low 7 bits: the magnitude),
-// the code's sign goes into bit 7 of the top byte, and two rounds of unpacks interleave the
-// planes into 4 x 16 floats: 14 vector operations per 64 codes, where the lines take 8 per 16.
-struct MomentPlanes {
-  __m512i low[4], high[4];  // per byte of the float: entries 0..63, 64..127
-};
-
-struct PlaneTables {
-  alignas(64) uint8_t gather[4][64];  // byte j <- byte 4 j + k of the 128-byte pair of registers
-  alignas(64) uint8_t order[64];      // the code order whose unpacked planes come out in order
-};
-
-constexpr PlaneTables make_plane_tables() {
-  PlaneTables t{};
-  for (int k = 0; k < 4; ++k)
-    for (int j = 0; j < 64; ++j) t.gather[k][j] = static_cast<uint8_t>((4 * j + k) & 127);
-  // The unpacks leave, in output register r, 32-bit lane 4 L + i (128-bit lane L) = input byte
-  // 16 L + 4 r + i; it must hold code 16 r + 4 L + i.
-  for (int lane = 0; lane < 4; ++lane)
-    for (int r = 0; r < 4; ++r)
-      for (int i = 0; i < 4; ++i) t.order[16 * lane + 4 * r + i] = static_cast<uint8_t>(16 * r + 4 * lane + i);
-  return t;
-}
-
-constexpr PlaneTables kPlaneTables = make_plane_tables();
-
-AVX512_VBMI inline MomentPlanes moment_planes(__m512 m_slope, __m512 m_int) {
-  __m512i entries[8];
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int r = 0; r < 8; ++r) {  // the base body's decode of magnitude codes 16 r .. 16 r + 15
-    const __m512i mag = _mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * r)), 24);
-    entries[r] = _mm512_castps_si512(decode_lines(mag, m_slope, m_int));
-  }
-  MomentPlanes planes;
-  for (int k = 0; k < 4; ++k) {
-    const __m512i gather = _mm512_load_si512(kPlaneTables.gather[k]);
-    for (int half = 0; half < 2; ++half) {
-      const __m512i* e = entries + 4 * half;
-      const __m512i plane = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(0x00000000FFFFFFFFull, e[0], gather, e[1]),
-                                            _mm512_maskz_permutex2var_epi8(0xFFFFFFFF00000000ull, e[2], gather, e[3]));
-      (half ? planes.high : planes.low)[k] = plane;
-    }
-  }
-  return planes;
-}
-
-// 64 first-moment codes -> their values (b1 m_old), 4 x 16 floats in order.
-AVX512_VBMI inline void decode_m64(const MomentPlanes& planes, __m512i order, const uint8_t* q, __m512 out[4]) {
-  const __m512i codes = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(q));
-  __m512i b[4];
-  for (int k = 0; k < 4; ++k) b[k] = _mm512_permutex2var_epi8(planes.low[k], codes, planes.high[k]);
-  b[3] = _mm512_ternarylogic_epi32(b[3], codes, _mm512_set1_epi32(static_cast<int>(0x80808080u)), 0xF8);  // A | (B & C)
-  const __m512i b01_low = _mm512_unpacklo_epi8(b[0], b[1]), b01_high = _mm512_unpackhi_epi8(b[0], b[1]);
-  const __m512i b23_low = _mm512_unpacklo_epi8(b[2], b[3]), b23_high = _mm512_unpackhi_epi8(b[2], b[3]);
-  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(b01_low, b23_low));
-  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(b01_low, b23_low));
-  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(b01_high, b23_high));
-  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(b01_high, b23_high));
 }
 
 // Encoding. Join the map's points p_0 = 0 < p_1 < ... (decode_magnitude) by straight
@@ -423,21 +288,114 @@ AVX512 inline void store_copy(void* out, int64_t i, __m512 x) {
   }
 }
 
-namespace base {
-#define STEPCAST_Q8_TARGET AVX512
-#define STEPCAST_Q8_VBMI 0
-#include "backend/cpu_adamw8bit_body.inc"
-#undef STEPCAST_Q8_VBMI
-#undef STEPCAST_Q8_TARGET
-}  // namespace base
-
-namespace vbmi {
-#define STEPCAST_Q8_TARGET AVX512_VBMI
-#define STEPCAST_Q8_VBMI 1
-#include "backend/cpu_adamw8bit_body.inc"
-#undef STEPCAST_Q8_VBMI
-#undef STEPCAST_Q8_TARGET
-}  // namespace vbmi
+// The AVX-512 body.
+template <Out kOut, bool kGradBf16>
+AVX512 void block_avx512(const Block8& b, const Consts& c) {
+  constexpr bool kSplit = kOut == Out::kSplit;
+  alignas(64) float mb[kBlock], vb[kBlock];
+  static const DecodeTable sdec = decode_table(quant8::signed_magnitudes(), 24);
+  static const DecodeTable udec = decode_table(quant8::unsigned_map(), 0);
+  static const EncodeLines senc = encode_lines(quant8::signed_magnitudes(), false);
+  static const EncodeLines uenc = encode_lines(quant8::unsigned_map(), true);
+  // Locals, so that the loop does not reload them after every store.
+  float* const p = b.p;
+  uint16_t* const hi = b.hi;
+  int16_t* const lo = b.lo;
+  uint8_t* const qm = b.qm;
+  uint8_t* const qv = b.qv;
+  void* const out = b.out;
+  const GradIn g_in{b.g.ptr, kGradBf16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat32};
+  const int64_t n = b.n;
+  // The block's scale and the betas ride in the decode lines: they give b1 m and b2 v.
+  const __m512 sm = _mm512_set1_ps(*b.am * c.b1), sv = _mm512_set1_ps(*b.av * c.b2);
+  const __m512 m_int = _mm512_mul_ps(_mm512_load_ps(sdec.intercept), sm);
+  const __m512 m_slope = _mm512_mul_ps(_mm512_load_ps(sdec.slope), sm);
+  const __m512 v_int = _mm512_mul_ps(_mm512_load_ps(udec.intercept), sv);
+  const __m512 v_slope = _mm512_mul_ps(_mm512_load_ps(udec.slope), sv);
+  // The gradient's scale rides in the moments' gradient terms.
+  const __m512 gm = _mm512_set1_ps(c.one_minus_b1 * c.scale), gv = _mm512_set1_ps(c.one_minus_b2 * c.scale * c.scale);
+  // The step size rides in the denominator: step / (root ibc2 + eps) = 1 / (root ibc2' + eps')
+  // with ibc2' = ibc2 / step, eps' = eps / step. No step (0, or so small that those overflow):
+  // ibc2' = 0, eps' = inf, whose reciprocal is 0.
+  const float ibc2_per_step = c.inv_bc2_sqrt / c.step_size, eps_per_step = c.eps / c.step_size;
+  const bool steps = c.step_size > 0 && std::isfinite(ibc2_per_step) && std::isfinite(eps_per_step);
+  const __m512 dec = _mm512_set1_ps(c.decay), ibc2 = _mm512_set1_ps(steps ? ibc2_per_step : 0.0f),
+               eps = _mm512_set1_ps(steps ? eps_per_step : INFINITY), tiny = _mm512_set1_ps(FLT_MIN);
+  const __m512i sign_bit = _mm512_set1_epi32(INT32_MIN), magnitude_bits = _mm512_set1_epi32(0x7F000000);
+  __m512 vmax_m = _mm512_setzero_ps(), vmax_v = _mm512_setzero_ps();
+  const PrefetchLines ahead(b, kPrefetchBlocksAhead);
+  const bool spread = n == kBlock;
+  // 64 values at a time; the tail goes to the scalar code.
+  const int64_t body = n / 64 * 64;
+  for (int64_t i0 = 0; i0 < body; i0 += 64) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i = i0 + 16 * u;
+      if (spread && (i & 127) == 0) ahead.group(i / 128);  // groups 0 .. 15
+      // b1 m_old: the magnitude bits as (code & 0x7F) << 24; the sign (bit 7, now 31) flips the value.
+      const __m512i shifted = _mm512_slli_epi32(load_codes(qm + i), 24);
+      const __m512 m_mag = decode_lines(_mm512_and_si512(shifted, magnitude_bits), m_slope, m_int);
+      const __m512 m_old = _mm512_castsi512_ps(
+          _mm512_ternarylogic_epi32(_mm512_castps_si512(m_mag), shifted, sign_bit, 0x78));  // A ^ (B & C)
+      // b2 v_old.
+      const __m512 v_old = decode_lines(load_codes(qv + i), v_slope, v_int);
+      const __m512 g = load_grad16(g_in, i);
+      const __m512 mi = _mm512_fmadd_ps(gm, g, m_old);
+      const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(gv, g), g, v_old);
+      // sqrt(v) = v / sqrt(v), with v >= FLT_MIN in the estimate so that v = 0 gives 0.
+      const __m512 root = _mm512_mul_ps(vi, _mm512_rsqrt14_ps(_mm512_max_ps(vi, tiny)));
+      const __m512 step_per_m = _mm512_rcp14_ps(_mm512_fmadd_ps(root, ibc2, eps));
+      const __m512 x_old = kSplit ? load_master16(hi, lo, i) : _mm512_loadu_ps(p + i);
+      const __m512 x = _mm512_fnmadd_ps(mi, step_per_m, _mm512_mul_ps(x_old, dec));
+      if constexpr (kSplit) {
+        store_master16(hi, lo, i, x);
+      } else {
+        _mm512_storeu_ps(p + i, x);
+        store_copy<kOut>(out, i, x);
+      }
+      _mm512_store_ps(mb + i, mi);
+      _mm512_store_ps(vb + i, vi);
+      vmax_m = _mm512_range_ps(vmax_m, mi, 0x0B);  // max(|a|, |b|), sign cleared
+      vmax_v = _mm512_max_ps(vmax_v, vi);
+    }
+  }
+  float max_m = _mm512_reduce_max_ps(vmax_m);
+  float max_v = _mm512_reduce_max_ps(vmax_v);
+  pass1_scalar(b, body, c, mb, vb, max_m, max_v);
+  *b.am = max_m;
+  *b.av = max_v;
+  const float inv_m = max_m > 0 ? 1.0f / max_m : 0.0f, inv_v = max_v > 0 ? 1.0f / max_v : 0.0f;
+  auto encodable = [](float absmax) { return absmax == 0.0f || (absmax >= kMinEncodeAbsmax && absmax <= FLT_MAX); };
+  if (!encodable(max_m) || !encodable(max_v)) {  // tiny, infinite or NaN: the scalar encoder
+    pass2_scalar(b, 0, mb, vb, inv_m, inv_v);
+    return;
+  }
+  const SlotLines es = slot_lines(senc, max_m), eu = slot_lines(uenc, max_v);
+  const __m512i sign_to_bit7 = _mm512_set1_epi32(0x80);
+  const int64_t body64 = n / 64 * 64;
+  // Pass 2 works in L1: without prefetches it leaves the memory bus idle.
+  for (int64_t i = 0; i < body64; i += 64) {
+    const int64_t line = i / 64;  // 0 .. 31
+    if (spread && (line & 1) == 0) ahead.group(16 + line / 2);  // groups 16 .. 31
+    __m512i cm[4], cv[4];
+    for (int u = 0; u < 4; ++u) {
+      const int64_t k = i + 16 * u;
+      // max(|m|, floor), the sign cleared. A NaN moment (from a NaN gradient, after which
+      // training has diverged anyway) gives magnitude code 0 here, 127 in the scalar encoder.
+      const __m512 m = _mm512_load_ps(mb + k);
+      const __m512 ym = _mm512_range_ps(m, es.floor, 0x0B);
+      cm[u] = _mm512_ternarylogic_epi32(_mm512_cvtps_epi32(encode_t(es, ym)), _mm512_srli_epi32(_mm512_castps_si512(m), 24), sign_to_bit7,
+                                        0xF8);  // A | (B & C): the sign into bit 7
+      // v >= 0; 0 stays code 0 (so does NaN, 255 in the scalar encoder), any other v is at least code 1.
+      const __m512 v = _mm512_load_ps(vb + k);
+      const __mmask16 positive = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
+      cv[u] = _mm512_maskz_cvtps_epi32(positive, encode_t(eu, _mm512_max_ps(v, eu.floor)));
+    }
+    store_codes64(qm + i, cm[0], cm[1], cm[2], cm[3]);
+    store_codes64(qv + i, cv[0], cv[1], cv[2], cv[3]);
+  }
+  pass2_scalar(b, body64, mb, vb, inv_m, inv_v);
+}
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
@@ -554,32 +512,16 @@ AVX2 void block_avx2(const Block8& b, const Consts& c) {
   pass2_scalar(b, body, mb, vb, inv_m, inv_v);
 }
 
-template <bool kGradBf16, bool kVbmi>
+template <bool kGradBf16>
 void (*avx512_body_for(Out kind))(const Block8&, const Consts&) {
   switch (kind) {
-    case Out::kNone: return kVbmi ? vbmi::block_avx512<Out::kNone, kGradBf16> : base::block_avx512<Out::kNone, kGradBf16>;
-    case Out::kBf16: return kVbmi ? vbmi::block_avx512<Out::kBf16, kGradBf16> : base::block_avx512<Out::kBf16, kGradBf16>;
-    case Out::kBf16Native:
-      return kVbmi ? vbmi::block_avx512<Out::kBf16Native, kGradBf16> : base::block_avx512<Out::kBf16Native, kGradBf16>;
-    case Out::kFp32: return kVbmi ? vbmi::block_avx512<Out::kFp32, kGradBf16> : base::block_avx512<Out::kFp32, kGradBf16>;
-    case Out::kSplit: return kVbmi ? vbmi::block_avx512<Out::kSplit, kGradBf16> : base::block_avx512<Out::kSplit, kGradBf16>;
+    case Out::kNone: return block_avx512<Out::kNone, kGradBf16>;
+    case Out::kBf16: return block_avx512<Out::kBf16, kGradBf16>;
+    case Out::kBf16Native: return block_avx512<Out::kBf16Native, kGradBf16>;
+    case Out::kFp32: return block_avx512<Out::kFp32, kGradBf16>;
+    case Out::kSplit: return block_avx512<Out::kSplit, kGradBf16>;
   }
   return nullptr;
-}
-
-void (*avx512_body(Out kind, bool grad_bf16, bool vbmi))(const Block8&, const Consts&) {
-  if (vbmi) return grad_bf16 ? avx512_body_for<true, true>(kind) : avx512_body_for<false, true>(kind);
-  return grad_bf16 ? avx512_body_for<true, false>(kind) : avx512_body_for<false, false>(kind);
-}
-
-std::atomic<bool> g_vbmi_allowed{true};
-
-bool cpu_has_vbmi() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vbmi") != 0;
-  }();
-  return has;
 }
 
 // Either master (fp32) with out, or hi and lo (split master weights, no separate copy).
@@ -587,8 +529,7 @@ void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, fl
           kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n, const kernels::AdamWArgs& a,
           SimdLevel level) {
   const Consts c = consts_of(a);
-  if (level == SimdLevel::kAuto) level = tuned_simd_level(CpuKernel::kAdamW8bit);
-  prefetch_plan();  // a bad $STEPCAST_Q8_PREFETCH throws here, not on a worker thread
+  if (level == SimdLevel::kAuto) level = selected_simd();
   static const bool has_bf16 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") != 0;
@@ -600,7 +541,7 @@ void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, fl
                    : out_dtype == kernels::DType::kFloat32 ? Out::kFp32
                    : has_bf16 ? Out::kBf16Native
                               : Out::kBf16;
-  void (*const avx512)(const Block8&, const Consts&) = avx512_body(kind, grad_bf16, cpu_adamw8bit_uses_vbmi());
+  void (*const avx512)(const Block8&, const Consts&) = grad_bf16 ? avx512_body_for<true>(kind) : avx512_body_for<false>(kind);
   const int64_t osize = out_dtype == kernels::DType::kBFloat16 ? 2 : 4;
   cpu_parallel_for(n, kBlock, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; s += kBlock) {
@@ -626,9 +567,6 @@ void run8(float* master, uint16_t* hi, int16_t* lo, uint8_t* qm, uint8_t* qv, fl
 }
 
 }  // namespace
-
-bool cpu_adamw8bit_uses_vbmi() { return cpu_has_vbmi() && g_vbmi_allowed.load(); }
-void cpu_adamw8bit_allow_vbmi(bool allow) { g_vbmi_allowed.store(allow); }
 
 void cpu_adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, const void* grad,
                    kernels::DType grad_dtype, void* out, kernels::DType out_dtype, int64_t n,

@@ -14,7 +14,7 @@
 #include <thread>
 #include <utility>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast::backend {
 
@@ -50,11 +50,14 @@ class Pool {
  public:
   ~Pool() { stop_all(); }
 
-  void set_cpus(std::vector<int> ids) {
+  void set_cpus(std::vector<int> ids, bool bind) {
     std::lock_guard<std::mutex> run(run_mu_);
     stop_all();  // threads re-pin when they are started again
     cpus_ = std::move(ids);
+    bind_ = bind;
   }
+
+  bool bound() const { return bind_; }
 
   void run(int threads, const std::function<void(int)>& fn) {
     std::lock_guard<std::mutex> run(run_mu_);
@@ -80,7 +83,7 @@ class Pool {
 
  private:
   void loop(int t) {
-    if (cpu_binding_enabled()) pin_thread(0, cpus_[t % cpus_.size()]);
+    if (bind_) pin_thread(0, cpus_[t % cpus_.size()]);
     int64_t seen = 0;
     for (;;) {
       const std::function<void(int)>* fn;
@@ -120,6 +123,7 @@ class Pool {
   std::condition_variable work_, done_;
   std::vector<std::thread> threads_;
   std::vector<int> cpus_;
+  bool bind_ = true;
   const std::function<void(int)>* fn_ = nullptr;
   int active_ = 0, remaining_ = 0;
   int64_t generation_ = 0;
@@ -178,22 +182,9 @@ int physical_cores(const std::vector<LogicalCpu>& cpus, const std::vector<int>& 
   return static_cast<int>(seen.size());
 }
 
-bool env_switch(const char* name, bool unset) {
-  const char* env = std::getenv(name);
-  if (!env || !*env) return unset;
-  const std::string e(env);
-  if (e != "0" && e != "1") throw InputError(std::string(name) + "=\"" + e + "\" is not valid (valid: 0, 1)");
-  return e == "1";
-}
-
-bool cpu_binding_enabled() {
-  static const bool enabled = env_switch("STEPCAST_CPU_BIND", true);
-  return enabled;
-}
-
-void bind_cpus(const std::vector<int>& ids) {
+void bind_cpus(const std::vector<int>& ids, bool bind) {
   if (ids.empty()) throw std::invalid_argument("bind_cpus: no CPUs");
-  if (cpu_binding_enabled()) {
+  if (bind) {
     cpu_set_t set;
     CPU_ZERO(&set);
     for (int id : ids) CPU_SET(id, &set);
@@ -205,8 +196,10 @@ void bind_cpus(const std::vector<int>& ids) {
     }
     sched_setaffinity(0, sizeof set, &set);
   }
-  pool().set_cpus(ids);
+  pool().set_cpus(ids, bind);
 }
+
+bool cpus_bound() { return pool().bound(); }
 
 std::string cpu_list_string(std::vector<int> ids) {
   std::sort(ids.begin(), ids.end());
@@ -225,7 +218,6 @@ std::string cpu_list_string(std::vector<int> ids) {
 
 void run_on_cores(int threads, const std::function<void(int)>& fn) {
   if (threads < 1) throw std::invalid_argument("run_on_cores: " + std::to_string(threads) + " threads");
-  cpu_binding_enabled();  // a bad $STEPCAST_CPU_BIND throws here, not on a pool thread
   pool().run(threads, fn);
 }
 

@@ -3,7 +3,7 @@
 // two ranks get one socket each), each rank's process is bound to its share,
 // and the optimizer's threads are persistent, one bound to each core of it
 // (the first logical CPU of the core: one thread per physical core).
-// $STEPCAST_CPU_BIND=0 leaves every thread unbound (for comparison).
+// `train --cpu-bind off` leaves every thread unbound (for comparison).
 #pragma once
 
 #include <functional>
@@ -34,17 +34,12 @@ int physical_cores(const std::vector<LogicalCpu>& cpus, const std::vector<int>& 
 
 // Binds the process (its threads from now on; the calling thread now) to
 // `ids` and makes them the optimizer threads' cores: thread t runs on
-// ids[t mod size]. Without this call the threads use rank_cpus(allowed, 0, 1).
-// Does nothing to the process with $STEPCAST_CPU_BIND=0.
-void bind_cpus(const std::vector<int>& ids);
+// ids[t mod size]. Without this call the threads use rank_cpus(allowed, 0, 1),
+// bound. With bind = false the threads use those cores' count, unbound.
+void bind_cpus(const std::vector<int>& ids, bool bind = true);
 
-// An on/off setting from the environment: "1" on, "0" off, unset or empty
-// `unset`; anything else is an input error naming the variable.
-bool env_switch(const char* name, bool unset);
-
-// Whether threads are bound ($STEPCAST_CPU_BIND unset or 1; anything else
-// but 0 is an input error).
-bool cpu_binding_enabled();
+// Whether the optimizer's threads are bound to their cores.
+bool cpus_bound();
 
 // "0-14,16": a CPU list as the kernel writes it.
 std::string cpu_list_string(std::vector<int> ids);

@@ -3,7 +3,7 @@
 #include <fstream>
 #include <random>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast::backend {
 

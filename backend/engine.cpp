@@ -8,7 +8,7 @@
 #include "backend/compat.h"
 #include "backend/cpu_adamw.h"
 #include "backend/quant8.h"
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast::backend {
 
@@ -108,7 +108,7 @@ void ZeroEngine::init_parameters() {
       // master weights (8-bit states, bf16) the upper halves are the upload copy: they live in
       // their own pinned buffer (the host shard with parameter offload), updated in place.
       u.staging = torch::empty({n}, host_opts(work_dtype_));
-      u.split = u.n8 > 0 && work_dtype_ == torch::kBFloat16 && split_master_enabled();
+      u.split = u.n8 > 0 && work_dtype_ == torch::kBFloat16 && cfg_.split_master;
       u.upload = param_offload() ? u.shard : u.split ? torch::empty({n}, host_opts(work_dtype_)) : u.staging;
       if (u.split) {
         u.master_hi = u.upload.narrow(0, 0, u.n8);
@@ -553,7 +553,7 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   t.step = rt_.elapsed_s(m_step, m_end);
   t.gas = rt_.elapsed_s(m_step, m_last_micro);
   t.opt = t.step - t.gas;
-  if (!std::isfinite(r.loss)) throw NonFiniteLoss(step_, r.loss);
+  if (!std::isfinite(r.loss)) throw NonFiniteLossError(step_, r.loss);
   return r;
 }
 

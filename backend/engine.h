@@ -71,21 +71,6 @@ struct StepResult {
   StepTiming time;
 };
 
-class NonFiniteLoss : public std::runtime_error {
- public:
-  NonFiniteLoss(int64_t step, double loss)
-      : std::runtime_error("loss is " + std::to_string(loss) + " at step " + std::to_string(step)), step_(step) {}
-  int64_t step() const { return step_; }
-
- private:
-  int64_t step_;
-};
-
-// Testing: a rank that must die abruptly (--inject-fault-*); main ends the process.
-struct InjectedFault {
-  int exit_code = 7;
-};
-
 class ZeroEngine {
  public:
   ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runtime& runtime, Collectives& comm);
@@ -105,7 +90,7 @@ class ZeroEngine {
 
   int64_t step_count() const { return step_; }
   int64_t num_params() const { return total_numel(layout_); }
-  bool splits_master() const;  // some unit holds split master weights (8-bit offload, bf16, unless $STEPCAST_SPLIT_MASTER=0)
+  bool splits_master() const;  // some unit holds split master weights (8-bit offload, bf16, unless --split-master off)
   const std::vector<UnitLayout>& layout() const { return layout_; }
 
  private:
@@ -123,7 +108,7 @@ class ZeroEngine {
                               // weights a pinned buffer of its own)
     torch::Tensor master;     // fp32 master shard (host with offload); with split master weights only [n8, n)
     torch::Tensor master_hi, master_lo;  // split master weights of [0, n8) (cpu_adamw.h): hi views `upload`
-    bool split = false;       // 8-bit offload in bf16, unless $STEPCAST_SPLIT_MASTER=0
+    bool split = false;       // 8-bit offload in bf16, unless --split-master off
     torch::Tensor exp_avg, exp_avg_sq;  // fp32 moments of the 32-bit range [n8, n) (all of it for AdamW)
     torch::Tensor code_m, code_v, absmax_m, absmax_v;  // 8-bit AdamW: moments of [0, n8)
     int64_t n8 = 0;           // leading parameters of the shard with 8-bit states

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "backend/quant8.h"
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast::backend {
 

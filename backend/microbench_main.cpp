@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/units.h"
 #include "backend/collectives.h"
 #include "backend/compat.h"
 #include "backend/cpu_adamw.h"
@@ -35,7 +36,9 @@
 #include "backend/launcher.h"
 #include "backend/quant8.h"
 #include "backend/runtime.h"
-#include "model/errors.h"
+#include "common/errors.h"
+#include "common/run_main.h"
+#include "common/stats.h"
 #include "model/model_spec.h"
 #include "model/step_features.h"
 
@@ -44,7 +47,6 @@
 namespace stepcast::backend {
 namespace {
 
-constexpr double kMiB = 1048576.0;
 
 struct Flags {
   std::string out, suites = "compute,collectives,offload,optimizer", device = "auto", data_dir;
@@ -79,8 +81,7 @@ class Bench {
       rt_.synchronize();
       t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / inner);
     }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return median(t);
   }
 
   // Writes one record (rank 0 only) and a progress line.
@@ -130,11 +131,11 @@ void print_ratios(const std::vector<nlohmann::json>& recs) {
     for (const char* other : {"reduce_scatter", "all_gather"})
       if (const auto* o = find(is(other)))
         std::fprintf(stderr, "  %s bus bandwidth vs all-reduce (%.0f MiB): %.2fx\n", other,
-                     (*o)["bytes"].get<double>() / 1048576.0,
+                     (*o)["bytes"].get<double>() / kBytesPerMiB,
                      ar->at("seconds").get<double>() / (2.0 * (*o)["seconds"].get<double>()));
   if (const auto* up = find(is("h2d")))
     if (const auto* down = find(is("d2h")))
-      std::fprintf(stderr, "  d2h vs h2d (%.0f MiB): %.2fx\n", (*up)["bytes"].get<double>() / 1048576.0,
+      std::fprintf(stderr, "  d2h vs h2d (%.0f MiB): %.2fx\n", (*up)["bytes"].get<double>() / kBytesPerMiB,
                    (*up)["seconds"].get<double>() / (*down)["seconds"].get<double>());
   // Optimizers: 8-bit against fp32 AdamW on the same size (and threads).
   for (const auto& r : recs) {
@@ -218,7 +219,7 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
   const auto opts = torch::TensorOptions().dtype(dt).device(rt.device());
   const double elem = rt.is_cuda() ? 2.0 : 4.0;
   std::vector<double> sizes;
-  for (double s = f.quick ? 64 * 1024.0 : kMiB; s <= (f.quick ? 4 * kMiB : 1024 * kMiB); s *= 4) sizes.push_back(s);
+  for (double s = f.quick ? 64 * 1024.0 : kBytesPerMiB; s <= (f.quick ? 4 * kBytesPerMiB : 1024 * kBytesPerMiB); s *= 4) sizes.push_back(s);
   auto check = [&](bool ok, const char* what, double bytes) {
     if (!ok)
       throw std::runtime_error(std::string("microbench: ") + what + " of " + std::to_string(bytes) +
@@ -235,7 +236,7 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
       check(t[n - 1].item<double>() == rank_sum && t[0].item<double>() == rank_sum, "all-reduce", bytes);
       const double sec = b.time_s(5, [&] { comm.all_reduce_sum(t); });
       b.emit({{"bench", "all_reduce"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
-             "all_reduce " + std::to_string(static_cast<int64_t>(bytes / kMiB * 1024)) + " KiB");
+             "all_reduce " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB * 1024)) + " KiB");
     }
     {
       auto full = torch::full({n}, r + 1.0, opts), out = torch::empty({shard}, opts);
@@ -245,7 +246,7 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
       check(out[0].item<double>() == rank_sum && out[shard - 1].item<double>() == rank_sum, "reduce-scatter", bytes);
       const double sec = b.time_s(5, [&] { comm.reduce_scatter_sum(full, out); });
       b.emit({{"bench", "reduce_scatter"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
-             "reduce_scatter " + std::to_string(static_cast<int64_t>(bytes / kMiB * 1024)) + " KiB");
+             "reduce_scatter " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB * 1024)) + " KiB");
     }
     {
       auto mine = torch::full({shard}, r + 1.0, opts), full = torch::empty({n}, opts);
@@ -255,7 +256,7 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
       for (int q = 0; q < w; ++q) check(full[q * shard].item<double>() == q + 1.0, "all-gather", bytes);
       const double sec = b.time_s(5, [&] { comm.all_gather(mine, full); });
       b.emit({{"bench", "all_gather"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
-             "all_gather " + std::to_string(static_cast<int64_t>(bytes / kMiB * 1024)) + " KiB");
+             "all_gather " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB * 1024)) + " KiB");
     }
   }
 }
@@ -263,15 +264,15 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
 // Pinned host <-> device copies of 64 MiB to 1 GiB, the engine's per-unit sizes.
 void run_offload(Bench& b, Runtime& rt) {
   if (!rt.is_cuda()) return;
-  for (double bytes = 64 * kMiB; bytes <= 1024 * kMiB; bytes *= 4) {
+  for (double bytes = 64 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) {
     const int64_t n = static_cast<int64_t>(bytes) / 2;
     auto host = torch::empty({n}, torch::dtype(torch::kBFloat16).pinned_memory(true));
     auto dev = torch::empty({n}, torch::dtype(torch::kBFloat16).device(rt.device()));
     host.fill_(1.0);
     const double up = b.time_s(2, [&] { rt.copy_to_device(dev, host); });
-    b.emit({{"bench", "h2d"}, {"bytes", bytes}, {"pinned", true}, {"seconds", up}}, "h2d " + std::to_string(static_cast<int64_t>(bytes / kMiB)) + " MiB");
+    b.emit({{"bench", "h2d"}, {"bytes", bytes}, {"pinned", true}, {"seconds", up}}, "h2d " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB");
     const double down = b.time_s(2, [&] { rt.copy_to_host_on_comm(host, dev); });
-    b.emit({{"bench", "d2h"}, {"bytes", bytes}, {"pinned", true}, {"seconds", down}}, "d2h " + std::to_string(static_cast<int64_t>(bytes / kMiB)) + " MiB");
+    b.emit({{"bench", "d2h"}, {"bytes", bytes}, {"pinned", true}, {"seconds", down}}, "d2h " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB");
   }
 }
 
@@ -292,7 +293,6 @@ void run_optimizer(Bench& b, Runtime& rt, const Flags& f) {
     for (int t = 1; t <= hw_threads; t *= 2) threads.push_back(t);
     if (threads.back() != hw_threads) threads.push_back(hw_threads);
     for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kAdamW8bit}) {
-      const CpuKernel kernel = opt == OptimizerKind::kAdamW ? CpuKernel::kAdamW : CpuKernel::kAdamW8bit;
       for (int t : threads) {
         set_cpu_threads(t);
         int64_t step = 0;
@@ -306,7 +306,7 @@ void run_optimizer(Bench& b, Runtime& rt, const Flags& f) {
                           kernels::DType::kBFloat16, param.data(), kernels::DType::kBFloat16, n, args);
         });
         b.emit({{"bench", "cpu_optimizer"}, {"optimizer", optimizer_name(opt)}, {"params", n}, {"threads", t},
-                {"simd", simd_name(tuned_simd_level(kernel))}, {"seconds", sec}},
+                {"simd", simd_name(selected_simd())}, {"seconds", sec}},
                std::string("cpu ") + optimizer_name(opt) + " " + std::to_string(t) + " threads");
       }
     }
@@ -438,15 +438,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace stepcast::backend
 
 int main(int argc, char** argv) {
-  try {
-    return stepcast::backend::main_impl(argc, argv);
-  } catch (const stepcast::InputError& e) {
-    std::cerr << "microbench: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 600) what = what.substr(0, 600) + "...";
-    std::cerr << "microbench: error: " << what << "\n";
-    return 1;
-  }
+  return stepcast::run_main("microbench", [&] { return stepcast::backend::main_impl(argc, argv); });
 }

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "backend/runtime.h"
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast::backend {
 

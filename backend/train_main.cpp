@@ -12,33 +12,39 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/errors.h"
+#include "common/run_main.h"
+#include "common/units.h"
 #include "backend/collectives.h"
 #include "backend/cpu_adamw.h"
 #include "backend/cpu_cores.h"
 #include "backend/data.h"
 #include "backend/engine.h"
 #include "backend/launcher.h"
-#include "model/errors.h"
+#include "common/errors.h"
+#include "model/metrics.h"
 #include "model/prediction.h"
-#include "planner/atomic_file.h"
+#include "model/train_config_json.h"
+#include "common/atomic_file.h"
 
 #include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
 
 namespace stepcast::backend {
 namespace {
 
-constexpr double kGiB = 1073741824.0;
 
 struct Flags {
   std::string model, plan, data, save, resume, json_out, dump_params, hardware = "h200-sxm", device = "auto", data_dir;
   int stage = 0, nproc = 1;
   std::string offload_optimizer = "none", offload_params = "none", optimizer = "adamw", precision = "bf16",
-              checkpointing = "off", offload_pipeline = "on";
+              checkpointing = "off", offload_pipeline = "on", split_master = "on", cpu_simd = "auto",
+              cpu_bind = "on";
   int64_t micro_batch = 1, gas = 1, seq = 2048, steps = 10, warmup = 2;
   int cpu_threads = 0;
   double lr = 3e-4, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95;
   uint64_t seed = 1234;
   bool quiet = false;
+  bool dry_run = false;
   int fault_rank = -1;     // testing: this rank exits abruptly at fault_step
   int64_t fault_step = 0;
 };
@@ -53,18 +59,7 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(in);
-      const auto& pc = j.at("plans").at(0).at("config");
-      c.zero_stage = pc.at("zero_stage").get<int>();
-      c.offload_optimizer = parse_offload(pc.at("offload_optimizer").get<std::string>(), f.plan + ": plans[0].config.offload_optimizer");
-      c.offload_params = parse_offload(pc.at("offload_params").get<std::string>(), f.plan + ": plans[0].config.offload_params");
-      c.optimizer = parse_optimizer(pc.at("optimizer").get<std::string>(), f.plan + ": plans[0].config.optimizer");
-      c.precision = parse_precision(pc.at("precision").get<std::string>(), f.plan + ": plans[0].config.precision");
-      c.micro_batch = pc.at("micro_batch").get<int64_t>();
-      c.gas = pc.at("gas").get<int64_t>();
-      c.seq_len = pc.at("seq_len").get<int64_t>();
-      c.activation_checkpointing = pc.at("activation_checkpointing").get<bool>();
-      c.offload_pipeline = pc.value("offload_pipeline", true);
-      c.offload_overlap_forward = pc.value("offload_overlap_forward", false);
+      c = train_config_from_json(j.at("plans").at(0).at("config"), f.plan + ": plans[0].config");
     } catch (const nlohmann::json::exception& e) {
       throw InputError(f.plan + ": not a planner plan (" + std::string(e.what()) + ")");
     }
@@ -79,12 +74,24 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
   if (given("--gas")) c.gas = f.gas;
   if (given("--seq")) c.seq_len = f.seq;
   if (given("--offload-pipeline")) parse_offload_pipeline(f.offload_pipeline, "--offload-pipeline", c);
+  if (given("--split-master")) c.split_master = parse_on_off(f.split_master, "--split-master");
+  if (given("--cpu-simd")) c.cpu_simd = parse_cpu_simd(f.cpu_simd, "--cpu-simd");
+  if (given("--cpu-bind")) c.cpu_bind = parse_on_off(f.cpu_bind, "--cpu-bind");
   if (given("--checkpointing")) {
     if (f.checkpointing != "on" && f.checkpointing != "off")
       throw InputError("--checkpointing \"" + f.checkpointing + "\" is not valid (valid: on, off)");
     c.activation_checkpointing = f.checkpointing == "on";
   }
   return c;
+}
+
+std::string out_of_memory_message(int rank, const std::string& when, const std::optional<Prediction>& pred,
+                                  Runtime& rt) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "out of memory on rank %d %s: predicted %.1f GiB per GPU, device has %.1f GiB", rank,
+                when.c_str(), pred ? pred->memory.gpu_total / kBytesPerGiB : 0.0,
+                rt.device_memory_bytes() / kBytesPerGiB);
+  return buf;
 }
 
 int run_rank(const Flags& f, const CLI::App& app) {
@@ -105,7 +112,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
   // to the thread that feeds the GPU.
   const std::vector<LogicalCpu> host_cpus = allowed_cpus();
   const std::vector<int> rank_cores = rank_cpus(host_cpus, rv.local_rank, std::max(1, local_world));
-  bind_cpus(rank_cores);
+  bind_cpus(rank_cores, cfg.cpu_bind);
+  select_simd(simd_level_of(cfg.cpu_simd));
   const int share = physical_cores(host_cpus, rank_cores);
   std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
   at::set_num_threads(share);
@@ -136,9 +144,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
     if (!f.resume.empty()) engine->load(f.resume);
   } catch (const c10::Error& e) {
     if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
-    std::fprintf(stderr, "train: out of memory on rank %d while placing the model: predicted %.1f GiB per GPU, device has %.1f GiB\n",
-                 rv.rank, pred ? pred->memory.gpu_total / kGiB : 0.0, rt->device_memory_bytes() / kGiB);
-    return 3;
+    throw OutOfMemoryError(out_of_memory_message(rv.rank, "while placing the model", pred, *rt));
   }
   TokenSource tokens(f.data, spec.vocab_size, f.seed);
 
@@ -150,14 +156,11 @@ int run_rank(const Flags& f, const CLI::App& app) {
                         {"world_size", rv.world},
                         {"data", tokens.description()}};
   if (cfg.offload_optimizer == OffloadDevice::kCpu) {
-    const CpuKernel k = cfg.optimizer == OptimizerKind::kAdamW8bit ? CpuKernel::kAdamW8bit : CpuKernel::kAdamW;
     env["cpu_optimizer"] = {{"threads", cpu_threads()},
-                            {"simd", simd_name(tuned_simd_level(k))},
+                            {"simd", simd_name(selected_simd())},
                             {"cpus", cpu_list_string(rank_cores)},
-                            {"bound", cpu_binding_enabled()},
-                            {"split_master", engine->splits_master()},
-                            {"vbmi", cfg.optimizer == OptimizerKind::kAdamW8bit &&
-                                         tuned_simd_level(k) == SimdLevel::kAvx512 && cpu_adamw8bit_uses_vbmi()}};
+                            {"bound", cpus_bound()},
+                            {"split_master", engine->splits_master()}};
   }
   if (lead && !f.quiet) {
     std::printf("train: %s (%lld parameters), %s, stage %d, offload %s/%s, %s, micro-batch %lld x GAS %lld x %d ranks, seq %lld%s\n",
@@ -177,7 +180,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
   }
 
   const double tokens_per_step = static_cast<double>(cfg.micro_batch * cfg.seq_len * cfg.gas * rv.world);
-  const double flops_per_token = 6.0 * spec.total_params() + 6.0 * spec.num_layers * spec.q_dim() * cfg.seq_len;
+  const double flops_per_token =
+      model_flops_per_token(spec.total_params(), spec.num_layers, spec.q_dim(), cfg.seq_len);
   const int64_t first = engine->step_count();
   for (int64_t s = 0; s < f.steps; ++s) {
     const int64_t step = first + s + 1;
@@ -186,7 +190,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
       micro.push_back(tokens.batch(step, mb, rv.rank, cfg.micro_batch, cfg.seq_len).to(rt->device()));
     if (rv.rank == f.fault_rank && step == f.fault_step) {
       std::fprintf(stderr, "train: rank %d: injected fault at step %lld\n", rv.rank, static_cast<long long>(step));
-      throw InjectedFault{};
+      std::fflush(stderr);
+      std::_Exit(7);  // abrupt, as a crashed rank: no destructors, no goodbye to the other ranks
     }
     rt->reset_peak();
     StepResult r;
@@ -194,34 +199,25 @@ int run_rank(const Flags& f, const CLI::App& app) {
       r = engine->train_step(micro);
     } catch (const c10::Error& e) {
       if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
-      std::fprintf(stderr, "train: out of memory on rank %d at step %lld: predicted %.1f GiB per GPU, device has %.1f GiB\n",
-                   rv.rank, static_cast<long long>(step), pred ? pred->memory.gpu_total / kGiB : 0.0,
-                   rt->device_memory_bytes() / kGiB);
-      return 3;
+      throw OutOfMemoryError(out_of_memory_message(rv.rank, "at step " + std::to_string(step), pred, *rt));
     }
     const double tps = tokens_per_step / r.time.step;
-    const double mfu = hw ? tps * flops_per_token / (rv.world * hw->gpu.peak_flops_per_s(cfg.precision)) : 0.0;
+    const double mfu_frac = hw ? mfu(tps, flops_per_token, rv.world, hw->gpu.peak_flops_per_s(cfg.precision)) : 0.0;
     const double peak = rt->peak_allocated_bytes(), reserved = rt->peak_reserved_bytes();
     if (lead && !f.quiet) {
       std::printf("%5lld %9.4f %9.3f %9s %9.3f %10.0f %6s %9s %9s %9.1f\n", static_cast<long long>(r.step), r.loss,
                   r.time.step, cfg.gas > 1 ? std::to_string(r.time.gas).substr(0, 7).c_str() : "n/a", r.time.opt, tps,
-                  hw ? std::to_string(100 * mfu).substr(0, 4).c_str() : "-",
+                  hw ? std::to_string(100 * mfu_frac).substr(0, 4).c_str() : "-",
                   pred ? std::to_string(pred->time.step).substr(0, 6).c_str() : "-",
                   pred ? std::to_string(static_cast<long long>(pred->throughput.tokens_per_s)).c_str() : "-",
-                  reserved / kGiB);
+                  reserved / kBytesPerGiB);
       std::fflush(stdout);
     }
     if (jsonl.is_open()) {
       nlohmann::json j;
       j["model"] = spec.name;
       j["params"] = spec.total_params();
-      j["config"] = {{"zero_stage", cfg.zero_stage}, {"offload_optimizer", offload_name(cfg.offload_optimizer)},
-                     {"offload_params", offload_name(cfg.offload_params)}, {"optimizer", optimizer_name(cfg.optimizer)},
-                     {"precision", precision_name(cfg.precision)}, {"micro_batch", cfg.micro_batch}, {"gas", cfg.gas},
-                     {"seq_len", cfg.seq_len}, {"gpus", cfg.gpus_per_node}, {"nodes", cfg.nodes},
-                     {"activation_checkpointing", cfg.activation_checkpointing},
-                     {"offload_pipeline", cfg.offload_pipeline},
-                     {"offload_overlap_forward", cfg.offload_overlap_forward}};
+      j["config"] = train_config_to_json(cfg);
       j["step"] = r.step;
       j["warmup"] = s < f.warmup;
       j["loss"] = r.loss;
@@ -231,7 +227,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
                      {"offload_transfer", r.time.offload_transfer}, {"optimizer", r.time.optimizer},
                      {"optimizer_cpu", r.time.optimizer_cpu}};
       j["throughput"] = {{"tokens_per_s", tps}, {"world_samples_per_s", tps / cfg.seq_len},
-                         {"rank_samples_per_s", tps / cfg.seq_len / rv.world}, {"mfu", mfu}};
+                         {"rank_samples_per_s", tps / cfg.seq_len / rv.world}, {"mfu", mfu_frac}};
       j["memory_bytes"] = {{"gpu_peak_allocated", peak}, {"gpu_peak_reserved", reserved},
                            {"host_rss", host_rss_bytes()}, {"host_peak_rss", host_peak_rss_bytes()}};
       if (pred) {
@@ -277,6 +273,15 @@ int main_impl(int argc, char** argv) {
                  "on: the CPU optimizer updates each unit during the backward; full: and the last updates "
                  "go up during the next forward; off: after the backward (DeepSpeed's order)")
       ->capture_default_str();
+  app.add_option("--split-master", f.split_master,
+                 "on | off: 8-bit CPU offload in bf16 keeps the fp32 master weights split (bf16 upper half + "
+                 "16-bit remainder, 14 instead of 16 bytes per update)")
+      ->capture_default_str();
+  app.add_option("--cpu-simd", f.cpu_simd, "auto | scalar | avx2 | avx512: the CPU optimizer's instruction set "
+                 "(auto: the widest this CPU has)")
+      ->capture_default_str();
+  app.add_option("--cpu-bind", f.cpu_bind, "on | off: bind each rank and its CPU optimizer threads to its cores")
+      ->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps to run")->capture_default_str();
   app.add_option("--warmup", f.warmup, "first steps flagged as warm-up in the JSONL")->capture_default_str();
   app.add_option("--cpu-threads", f.cpu_threads,
@@ -295,6 +300,8 @@ int main_impl(int argc, char** argv) {
   app.add_option("--seed", f.seed, "initialisation and data seed")->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "folder with models/ and hardware/");
   app.add_flag("--quiet", f.quiet, "print nothing per step");
+  app.add_flag("--dry-run", f.dry_run,
+               "print the model and configuration this run would record (one JSON line) and exit");
   app.add_option("--inject-fault-rank", f.fault_rank, "testing: make this rank die abruptly")->group("");
   app.add_option("--inject-fault-step", f.fault_step, "testing: at this step")->group("");
   try {
@@ -306,6 +313,16 @@ int main_impl(int argc, char** argv) {
     return 2;
   }
   if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
+  if (f.dry_run) {
+    // What run_rank records, for ranks on one host: --nproc GPUs, one node.
+    const ModelSpec spec = resolve_model(f.model, data_dir(f));
+    TrainConfig cfg = config_from(f, app);
+    cfg.gpus_per_node = f.nproc;
+    cfg.nodes = 1;
+    validate_config(cfg);
+    std::printf("%s\n", nlohmann::json({{"model", spec.name}, {"config", train_config_to_json(cfg)}}).dump().c_str());
+    return 0;
+  }
   if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
     std::vector<std::string> args(argv, argv + argc);
     return launch_local_ranks(f.nproc, args);
@@ -317,21 +334,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace stepcast::backend
 
 int main(int argc, char** argv) {
-  try {
-    return stepcast::backend::main_impl(argc, argv);
-  } catch (const stepcast::InputError& e) {
-    std::cerr << "train: error: " << e.what() << "\n";
-    return 2;
-  } catch (const stepcast::backend::InjectedFault& f) {
-    std::fflush(stderr);
-    std::_Exit(f.exit_code);  // abrupt, as a crashed rank: no destructors, no goodbye to the other ranks
-  } catch (const stepcast::backend::NonFiniteLoss& e) {
-    std::cerr << "train: stopped: " << e.what() << "\n";
-    return 4;
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 600) what = what.substr(0, 600) + "...";
-    std::cerr << "train: error: " << what << "\n";
-    return 1;
-  }
+  return stepcast::run_main("train", [&] { return stepcast::backend::main_impl(argc, argv); });
 }

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "backend/compat.h"
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast::backend {
 

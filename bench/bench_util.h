@@ -2,6 +2,7 @@
 // warm-up run (first touch, lazy initialisation).
 #pragma once
 
+#include "common/stats.h"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,11 +24,6 @@ inline long long positive_arg(int argc, char** argv, int index, const char* name
     std::exit(2);
   }
   return v;
-}
-
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Seconds of each of `repeats` runs of fn() after a warm-up; `sync` runs after

@@ -31,7 +31,7 @@
 #include "bench/bench_util.h"
 
 using namespace stepcast::backend;
-using stepcast::bench::median;
+using stepcast::median;
 
 namespace {
 
@@ -92,7 +92,6 @@ int run(int argc, char** argv) {
     double bytes_per_param;
     Kind kind;
     std::function<void()> fn;
-    bool no_vbmi = false;  // the AVX-512 8-bit body without its VBMI byte permutes
     double s = 0;
   };
   std::vector<Row> rows;
@@ -141,28 +140,17 @@ int run(int argc, char** argv) {
                       }});
     }
   }
-  // The AVX-512 8-bit body with the AVX512_VBMI byte permutes (where the CPU has them, the
-  // default) and without them (the body for CPUs without VBMI), for comparison in one run.
-  const auto vbmi_choices = [](SimdLevel level) {
-    return level == SimdLevel::kAvx512 && cpu_adamw8bit_uses_vbmi() ? std::vector<bool>{true, false}
-                                                                     : std::vector<bool>{true};
-  };
-  const auto q8_name = [](SimdLevel level, bool vbmi, const char* what) {
-    return std::string("stepcast cpu_adamw8bit ") + simd_name(level) + (vbmi ? " " : " no-VBMI ") + what;
+  const auto q8_name = [](SimdLevel level, const char* what) {
+    return std::string("stepcast cpu_adamw8bit ") + simd_name(level) + " " + what;
   };
   for (SimdLevel level : levels) {
-    for (bool vbmi : vbmi_choices(level)) {
-      rows.push_back({q8_name(level, vbmi, "bf16 grad"), 16.0, Kind::k8bit, [&, level, vbmi] {
-                        args.step = ++step;
-                        cpu_adamw8bit_allow_vbmi(vbmi);
-                        cpu_adamw8bit(master.data_ptr<float>(), code_m.data_ptr<uint8_t>(),
-                                      code_v.data_ptr<uint8_t>(), absmax_m.data_ptr<float>(),
-                                      absmax_v.data_ptr<float>(), grad16.data_ptr(), kernels::DType::kBFloat16,
-                                      grad16.data_ptr(), kernels::DType::kBFloat16, n, args, level);
-                        cpu_adamw8bit_allow_vbmi(true);
-                      }});
-      rows.back().no_vbmi = !vbmi;
-    }
+    rows.push_back({q8_name(level, "bf16 grad"), 16.0, Kind::k8bit, [&, level] {
+                      args.step = ++step;
+                      cpu_adamw8bit(master.data_ptr<float>(), code_m.data_ptr<uint8_t>(), code_v.data_ptr<uint8_t>(),
+                                    absmax_m.data_ptr<float>(), absmax_v.data_ptr<float>(), grad16.data_ptr(),
+                                    kernels::DType::kBFloat16, grad16.data_ptr(), kernels::DType::kBFloat16, n, args,
+                                    level);
+                    }});
   }
   // Split master weights (the 8-bit offload layout): the bf16 upper half is the upload copy,
   // updated in place; the gradient arrives in its own buffer: bf16 g 2, hi 2 + 2, lo 2 + 2,
@@ -179,19 +167,14 @@ int run(int argc, char** argv) {
   }
   for (SimdLevel level : levels) {
     if (level == SimdLevel::kScalar) continue;
-    for (bool vbmi : vbmi_choices(level)) {
-      rows.push_back({q8_name(level, vbmi, "split master"), 14.0, Kind::k8bitSplit, [&, level, vbmi] {
-                        args.step = ++step;
-                        cpu_adamw8bit_allow_vbmi(vbmi);
-                        cpu_adamw8bit_split(reinterpret_cast<uint16_t*>(split_hi.data_ptr()),
-                                            reinterpret_cast<int16_t*>(split_lo.data_ptr()),
-                                            split_qm.data_ptr<uint8_t>(), split_qv.data_ptr<uint8_t>(),
-                                            split_am.data_ptr<float>(), split_av.data_ptr<float>(),
-                                            split_g.data_ptr(), kernels::DType::kBFloat16, n, args, level);
-                        cpu_adamw8bit_allow_vbmi(true);
-                      }});
-      rows.back().no_vbmi = !vbmi;
-    }
+    rows.push_back({q8_name(level, "split master"), 14.0, Kind::k8bitSplit, [&, level] {
+                      args.step = ++step;
+                      cpu_adamw8bit_split(reinterpret_cast<uint16_t*>(split_hi.data_ptr()),
+                                          reinterpret_cast<int16_t*>(split_lo.data_ptr()), split_qm.data_ptr<uint8_t>(),
+                                          split_qv.data_ptr<uint8_t>(), split_am.data_ptr<float>(),
+                                          split_av.data_ptr<float>(), split_g.data_ptr(), kernels::DType::kBFloat16, n,
+                                          args, level);
+                    }});
   }
   // Interleaved: every round times each variant once, starting one further along the list each
   // round, so that a disturbance of the host lands on all variants alike; medians per variant.
@@ -209,32 +192,18 @@ int run(int argc, char** argv) {
   const double bw = 28.0 * n / rows.front().s;
   rows.erase(rows.begin());  // the probe is reported as the bound, not as a variant
   // The fastest row of a kind (its index), or -1 where the run has none.
-  const auto best_of = [&](Kind kind, bool no_vbmi) {
+  const auto best = [&](Kind kind) {
     int found = -1;
     for (size_t i = 0; i < rows.size(); ++i)
-      if (rows[i].kind == kind && rows[i].no_vbmi == no_vbmi && (found < 0 || rows[i].s < rows[found].s))
-        found = static_cast<int>(i);
+      if (rows[i].kind == kind && (found < 0 || rows[i].s < rows[found].s)) found = static_cast<int>(i);
     return found;
-  };
-  const auto best = [&](Kind kind) {
-    const int with = best_of(kind, false), without = best_of(kind, true);
-    return with < 0 || (without >= 0 && rows[without].s < rows[with].s) ? without : with;
   };
   const int fp32_best = best(Kind::kFp32Bf16Grad), q8_best = best(Kind::k8bit), split_best = best(Kind::k8bitSplit);
 
   const double ref = rows.front().s;
-  std::printf("CPU AdamW, %lld parameters, %d threads, SIMD available: %s%s (auto-tuned: fp32 %s, 8-bit %s), LibTorch %s\n",
-              static_cast<long long>(n), threads, simd_name(cpu_simd_level()),
-              cpu_adamw8bit_uses_vbmi() ? " + VBMI" : "",
-              simd_name(tuned_simd_level(CpuKernel::kAdamW)), simd_name(tuned_simd_level(CpuKernel::kAdamW8bit)),
-              TORCH_VERSION);
-  const auto env_or = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v && *v ? v : "default";
-  };
-  std::printf("STEPCAST_CPU_STREAM=%s STEPCAST_Q8_PREFETCH=%s STEPCAST_CPU_BIND=%s (threads %s)\n",
-              env_or("STEPCAST_CPU_STREAM"), env_or("STEPCAST_Q8_PREFETCH"), env_or("STEPCAST_CPU_BIND"),
-              cpu_binding_enabled() ? "bound to cores" : "unbound");
+  std::printf("CPU AdamW, %lld parameters, %d threads (%s), SIMD available: %s (training's default), LibTorch %s\n",
+              static_cast<long long>(n), threads, cpus_bound() ? "bound to cores" : "unbound",
+              simd_name(cpu_simd_level()), TORCH_VERSION);
   std::printf("measured bandwidth (AdamW's traffic pattern in place, trivial arithmetic, same threads, interleaved "
               "with the variants): %.1f GB/s; medians of %d interleaved rounds\n", bw / 1e9, repeats);
   std::printf("%-50s %8s %9s %9s %9s %9s %9s\n", "variant", "B/param", "median", "Gparam/s", "GB/s", "of bound",
@@ -245,22 +214,15 @@ int run(int argc, char** argv) {
                 n / r.s / 1e9, n * r.bytes_per_param / r.s / 1e9, 100.0 * (n * r.bytes_per_param / r.s) / bw,
                 ref / r.s);
   // The 8-bit goal is for the kernel training runs: split master weights (the engine's default for
-  // 8-bit offload in bf16) where a SIMD body has them, else the fp32-master kernel; the AVX-512
-  // body with VBMI where the CPU has it.
-  const int split_default = best_of(Kind::k8bitSplit, false);
-  const int q8_engine = split_default >= 0 ? split_default : best_of(Kind::k8bit, false);
+  // 8-bit offload in bf16) where a SIMD body has them, else the fp32-master kernel.
+  const int q8_engine = split_best >= 0 ? split_best : q8_best;
   std::printf("ratios: fp32 states (bf16 grad, best) vs torch + copy: %.2fx (goal >= 1.15x); "
               "8-bit as training runs it (%s, best SIMD level) vs our fp32: %.2fx (goal >= 1.7x)\n",
-              ref / rows[fp32_best].s, split_default >= 0 ? "split master weights" : "fp32 master weights",
+              ref / rows[fp32_best].s, split_best >= 0 ? "split master weights" : "fp32 master weights",
               rows[fp32_best].s / rows[q8_engine].s);
   if (split_best >= 0)
     std::printf("        8-bit with fp32 master weights (best) vs our fp32: %.2fx; split vs fp32 master weights: %.2fx\n",
                 rows[fp32_best].s / rows[q8_best].s, rows[q8_best].s / rows[split_best].s);
-  const int q8_plain = best_of(Kind::k8bit, true), split_plain = best_of(Kind::k8bitSplit, true);
-  if (q8_plain >= 0 && split_plain >= 0)
-    std::printf("        AVX-512 8-bit body with VBMI vs without: fp32 master weights %.2fx, split master weights %.2fx\n",
-                rows[q8_plain].s / rows[best_of(Kind::k8bit, false)].s,
-                rows[split_plain].s / rows[best_of(Kind::k8bitSplit, false)].s);
   return 0;
 }
 

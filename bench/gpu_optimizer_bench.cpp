@@ -25,7 +25,7 @@ namespace {
 
 template <class Fn>
 double time_median_s(int repeats, Fn&& fn) {
-  return stepcast::bench::median(stepcast::bench::time_runs(repeats, fn, [] { cudaDeviceSynchronize(); }));
+  return stepcast::median(stepcast::bench::time_runs(repeats, fn, [] { cudaDeviceSynchronize(); }));
 }
 
 }  // namespace

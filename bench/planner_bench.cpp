@@ -16,7 +16,7 @@
 
 using namespace stepcast;
 using Clock = std::chrono::steady_clock;
-using stepcast::bench::median;
+using stepcast::median;
 
 namespace {
 

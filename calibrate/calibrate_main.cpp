@@ -20,14 +20,18 @@
 #include <sstream>
 
 #ifdef STEPCAST_HAVE_CERES
+#include "common/units.h"
 #include "calibrate/fit.h"
 #endif
 #include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
-#include "model/errors.h"
+#include "common/errors.h"
+#include "common/run_main.h"
 #include "model/prediction.h"
-#include "planner/atomic_file.h"
-#include "planner/train_binary.h"
+#include "common/atomic_file.h"
+#include "common/hash.h"
+#include "common/process.h"
+#include "calibrate/measure.h"
 
 #include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
 
@@ -46,11 +50,6 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
-std::string fnv1a_hex(const std::string& bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a64(bytes)));
-  return buf;
-}
 
 
 struct Row {
@@ -203,7 +202,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     if (!is_holdout(r.key, holdout_frac, seed))
       max_micro_tokens = std::max(max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
   sec << "max_micro_tokens = " << max_micro_tokens << "\n";
-  sec << "source = \"calibrate fit " << date << ", git " << STEPCAST_GIT_COMMIT << ", runs fnv1a64:" << fnv1a_hex(all)
+  sec << "source = \"calibrate fit " << date << ", git " << STEPCAST_GIT_COMMIT << ", runs fnv1a64:" << fnv1a64_hex(all)
       << " (" << obs.size() << " fitted, " << held << " held out, seed " << seed << "; " << micro.size()
       << " micro-benchmarks in the component fit); " << fit.summary << "\"\n";
   for (const auto& info : coef_table()) sec << info.name << " = " << fit.coefs[info.id] << "\n";
@@ -289,32 +288,12 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
 int run_measure(const std::string& list, const std::string& out_dir, const std::string& train_flag, int64_t steps,
                 double budget_min, const std::string& device, const std::string& dir, bool micro,
                 const std::string& micro_flags) {
-  std::ifstream in(list);
-  if (!in) throw InputError(list + ": cannot open the run list");
-  struct Item {
-    std::string model;
-    int nproc;
-    std::string flags;
-    int line;
-  };
-  std::vector<Item> items;
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    Item it{};
-    it.line = n;
-    if (!(ls >> it.model >> it.nproc) || it.nproc < 1)
-      throw InputError(list + ":" + std::to_string(n) + ": expected 'MODEL NPROC [train flags]', got \"" + line + "\"");
-    std::getline(ls, it.flags);
-    items.push_back(it);
-  }
+  const std::vector<RunListEntry> items = read_run_list(list);
   if (steps < 2) throw InputError("--steps " + std::to_string(steps) + " must be at least 2 (the first is warm-up)");
   fs::create_directories(out_dir);
   const fs::path runs = fs::path(out_dir) / "runs.jsonl";
-  const std::string train = train_binary(train_flag);
+  const std::string log = (fs::path(out_dir) / "train.log").string();
+  const std::string train = sibling_binary(train_flag, "backend", "train");
   // What is already measured: steps per configuration key.
   std::map<std::string, int> have;
   if (fs::exists(runs))
@@ -333,57 +312,54 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
       const fs::path bench = fs::path(train).parent_path() / "microbench";
       if (!fs::exists(bench)) throw InputError(bench.string() + ": no microbench binary beside train (build the backend)");
       std::fprintf(stderr, "calibrate: micro-benchmarks on %d rank(s) -> %s\n", nproc, micro_out.string().c_str());
-      const std::string cmd = bench.string() + " --out " + micro_out.string() + " --nproc " + std::to_string(nproc) +
-                              " --device " + device + (dir.empty() ? "" : " --data-dir " + dir) + " " + micro_flags;
-      const int status = std::system(cmd.c_str());
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        std::fprintf(stderr, "calibrate: microbench failed (exit %d); the step runs go on\n",
-                     WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+      std::vector<std::string> argv{bench.string(), "--out", micro_out.string(), "--nproc", std::to_string(nproc),
+                                    "--device", device};
+      if (!dir.empty()) argv.insert(argv.end(), {"--data-dir", dir});
+      for (const std::string& w : split_words(micro_flags)) argv.push_back(w);
+      const SpawnResult r = spawn_and_wait(argv);
+      if (r.exit_status != 0) {
+        std::fprintf(stderr, "calibrate: microbench failed (exit %d); the step runs go on\n", r.exit_status);
         ++failed;
       }
     }
   }
   for (size_t i = 0; i < items.size(); ++i) {
-    const Item& it = items[i];
+    const RunListEntry& it = items[i];
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (budget_min > 0 && elapsed > 60.0 * budget_min) {
       std::fprintf(stderr, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)\n", budget_min,
                    items.size() - i);
       break;
     }
-    const std::string marker = it.model + " " + std::to_string(it.nproc) + it.flags;
+    std::string marker = it.model + " " + std::to_string(it.nproc);
+    for (const std::string& w : it.flags) marker += " " + w;
     const double eta = done > 0 ? elapsed / done * static_cast<double>(items.size() - i) : 0.0;
     const int width = 30, filled = static_cast<int>(width * static_cast<double>(i) / items.size());
     std::fprintf(stderr, "\r[%s%s] %zu/%zu  %s  ETA %.0f s          ", std::string(filled, '#').c_str(),
                  std::string(width - filled, '.').c_str(), i, items.size(), marker.substr(0, 50).c_str(), eta);
     const fs::path mine = fs::path(out_dir) / ".current.jsonl";
     fs::remove(mine);
-    const std::string cmd = train + " --model " + it.model + " --nproc " + std::to_string(it.nproc) + " --steps " +
-                            std::to_string(steps) + " --warmup 1 --quiet --device " + device + " --json-out " +
-                            mine.string() + " " + it.flags + " >>" + (fs::path(out_dir) / "train.log").string() + " 2>&1";
-    // Resume: the configuration key of a line is known once a run of it has written a step; it is kept in
-    // OUT/.lineN.key, and a line whose key already has enough measured steps in runs.jsonl is skipped.
-    const fs::path probe = fs::path(out_dir) / (".line" + std::to_string(it.line) + ".key");
-    if (fs::exists(probe)) {
-      std::ifstream pk(probe);
-      std::string key;
-      std::getline(pk, key);
-      if (have.count(key) && have[key] >= steps - 1) {
-        ++skipped;
-        continue;
-      }
+    TrainLaunch launch;
+    launch.train = train;
+    launch.model = it.model;
+    launch.nproc = it.nproc;
+    launch.steps = steps;
+    launch.device = device;
+    launch.data_dir = dir;
+    launch.flags = it.flags;
+    launch.json_out = mine.string();
+    // Resume: a configuration whose key already has enough measured steps in runs.jsonl is skipped.
+    const std::string key = planned_config_key(launch, out_dir);
+    if (have.count(key) && have[key] >= steps - 1) {
+      ++skipped;
+      continue;
     }
-    const int status = std::system(cmd.c_str());
-    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    if (rc != 0) ++failed;
+    if (run_train(launch, log).exit_status != 0) ++failed;
     if (fs::exists(mine)) {
       const auto recs = load_runs({mine}, data_dir(dir));
       std::ifstream src(mine, std::ios::binary);
       std::ofstream(runs, std::ios::app) << src.rdbuf();
-      if (!recs.empty()) {
-        std::ofstream(probe) << recs.front().key << "\n";
-        have[recs.front().key] += recs.front().steps;
-      }
+      for (const auto& r : recs) have[r.key] += r.steps;
       fs::remove(mine);
     }
     ++done;
@@ -439,8 +415,8 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   std::printf("%-62s %4s %8s %8s %6s %8s %8s %8s %6s\n", "", "", "s", "s", "s", "%", "GiB", "GiB", "%");
   for (const auto& r : rows)
     std::printf("%-62s %4s %8.3f %8.3f %6.3f %+8.1f %8.1f %8.1f %+6.1f\n", r.run->key.c_str(), r.holdout ? "held" : "fit",
-                r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / 1073741824.0,
-                r.pred_mem / 1073741824.0, 100 * r.mem_err());
+                r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / kBytesPerGiB,
+                r.pred_mem / kBytesPerGiB, 100 * r.mem_err());
   std::printf("fit:      %s\nheld out: %s\n", j["fit"].dump().c_str(), j["holdout"].dump().c_str());
   if (!rows.empty()) {
     std::printf("\nphases, measured / predicted (s; optimizer: its own time, hidden or not)\n");
@@ -514,13 +490,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace stepcast::calibrate
 
 int main(int argc, char** argv) {
-  try {
-    return stepcast::calibrate::main_impl(argc, argv);
-  } catch (const stepcast::InputError& e) {
-    std::cerr << "calibrate: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "calibrate: error: " << e.what() << "\n";
-    return 1;
-  }
+  return stepcast::run_main("calibrate", [&] { return stepcast::calibrate::main_impl(argc, argv); });
 }

@@ -4,7 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "calibrate/run_record.h"
-#include "model/errors.h"
+#include "common/units.h"
+#include "common/errors.h"
 
 namespace stepcast::calibrate {
 
@@ -54,7 +55,7 @@ std::string MicroRecord::label() const {
                     bench == MicroBench::kCpuOptimizer ? (" " + std::to_string(static_cast<int>(threads)) + " threads").c_str() : "");
       break;
     default:
-      std::snprintf(buf, sizeof buf, "%s %.0f MiB x%.0f", micro_bench_name(bench), bytes / 1048576.0, world);
+      std::snprintf(buf, sizeof buf, "%s %.0f MiB x%.0f", micro_bench_name(bench), bytes / kBytesPerMiB, world);
   }
   return buf;
 }

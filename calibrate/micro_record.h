@@ -9,6 +9,7 @@
 
 #include "model/coefficients.h"
 #include "model/hardware.h"
+#include "model/metrics.h"
 #include "model/step_time.h"
 #include "model/train_config.h"
 
@@ -58,11 +59,11 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
                  : attention_bwd_time_s(fwd_flops, r.seq_len, kFlashAttnBwdFlopsMult, false, bf16_peak, coef);
     }
     case MicroBench::kAllReduce:
-      return collective_time_s(r.bytes, 1.0, 2.0 * (n - 1.0) / n, true, hw.links.intra_node_bytes_per_s, false, 0.0,
+      return collective_time_s(r.bytes, 1.0, allreduce_bus_factor(n), true, hw.links.intra_node_bytes_per_s, false, 0.0,
                                coef);
     case MicroBench::kReduceScatter:
     case MicroBench::kAllGather:
-      return collective_time_s(r.bytes, 1.0, (n - 1.0) / n, false, hw.links.intra_node_bytes_per_s, false, 0.0, coef);
+      return collective_time_s(r.bytes, 1.0, r.bench == MicroBench::kAllGather ? all_gather_bus_factor(n) : reduce_scatter_bus_factor(n), false, hw.links.intra_node_bytes_per_s, false, 0.0, coef);
     case MicroBench::kH2D:
       return pcie_copy_time_s(r.bytes, hw.host.h2d_bytes_per_s, coef);
     case MicroBench::kD2H:

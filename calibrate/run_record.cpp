@@ -5,30 +5,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "model/errors.h"
+#include "common/errors.h"
+#include "common/hash.h"
+#include "common/stats.h"
 
 namespace stepcast::calibrate {
-
-std::string config_key(const std::string& model, const TrainConfig& c) {
-  return model + " g" + std::to_string(c.gpus_per_node) + "n" + std::to_string(c.nodes) + " s" +
-         std::to_string(c.zero_stage) + " off=" + offload_name(c.offload_optimizer) + "/" +
-         offload_name(c.offload_params) + " " + optimizer_name(c.optimizer) + " " + precision_name(c.precision) +
-         " mb" + std::to_string(c.micro_batch) + " gas" + std::to_string(c.gas) + " seq" +
-         std::to_string(c.seq_len) + " ckpt=" + (c.activation_checkpointing ? "1" : "0") +
-         (c.offload_optimizer == OffloadDevice::kCpu && !c.offload_pipeline ? " serial" : "") +
-         (c.offload_overlap_forward ? " overlap-fwd" : "");
-}
-
-namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::string& prefilter,
                     const std::function<void(const std::filesystem::path& file, const std::string& where,
@@ -65,22 +46,7 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
     try {
       if (j.value("warmup", false)) return;
       if (j.contains("kind") && j.at("kind") != "step") return;  // micro-benchmarks: micro_record.h
-      const auto& c = j.at("config");
-      TrainConfig cfg;
-      cfg.zero_stage = c.at("zero_stage").get<int>();
-      cfg.offload_optimizer = parse_offload(c.at("offload_optimizer").get<std::string>(), where + ": config.offload_optimizer");
-      cfg.offload_params = parse_offload(c.at("offload_params").get<std::string>(), where + ": config.offload_params");
-      cfg.optimizer = parse_optimizer(c.at("optimizer").get<std::string>(), where + ": config.optimizer");
-      cfg.precision = parse_precision(c.at("precision").get<std::string>(), where + ": config.precision");
-      cfg.micro_batch = c.at("micro_batch").get<int64_t>();
-      cfg.gas = c.at("gas").get<int64_t>();
-      cfg.seq_len = c.at("seq_len").get<int64_t>();
-      cfg.gpus_per_node = c.at("gpus").get<int>();
-      cfg.nodes = c.at("nodes").get<int>();
-      cfg.activation_checkpointing = c.at("activation_checkpointing").get<bool>();
-      cfg.offload_pipeline = c.value("offload_pipeline", true);  // absent before serial offload existed
-      cfg.offload_overlap_forward = c.value("offload_overlap_forward", false);  // absent before it existed
-      validate_config(cfg);
+      const TrainConfig cfg = train_config_from_json(j.at("config"), where + ": config");
       const std::string model = j.at("model").get<std::string>();
       const std::string key = config_key(model, cfg);
       auto it = groups.find(key);
@@ -130,15 +96,6 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
     out.push_back(r);
   }
   return out;
-}
-
-uint64_t fnv1a64(const std::string& bytes, uint64_t seed) {
-  uint64_t h = 1469598103934665603ULL ^ seed;
-  for (unsigned char ch : bytes) {
-    h ^= ch;
-    h *= 1099511628211ULL;
-  }
-  return h;
 }
 
 bool is_holdout(const std::string& key, double fraction, uint64_t seed) {

@@ -11,6 +11,7 @@
 
 #include "model/model_spec.h"
 #include "model/train_config.h"
+#include "model/train_config_json.h"
 
 namespace stepcast::calibrate {
 
@@ -28,8 +29,6 @@ struct RunRecord {
   double tokens_per_s = 0;
 };
 
-std::string config_key(const std::string& model, const TrainConfig& c);
-
 // Calls fn(file, where, object) for each non-empty line of each JSONL file (where =
 // "file:line"); an unreadable file or a line that is not JSON is an InputError
 // naming it. `prefilter`, when given, skips lines that do not contain it before
@@ -41,9 +40,6 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
 // Reads JSONL files; malformed lines fail with file:line and the key.
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir);
-
-// FNV-1a, 64 bit: a stable hash of bytes across runs and machines.
-uint64_t fnv1a64(const std::string& bytes, uint64_t seed = 0);
 
 // A deterministic split: a run is held out when a hash of its key falls under `fraction`.
 bool is_holdout(const std::string& key, double fraction, uint64_t seed);

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "model/errors.h"
+#include "common/errors.h"
 #include "model/toml_reader.h"
 
 namespace stepcast {

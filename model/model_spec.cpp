@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/errors.h"
+#include "common/errors.h"
 #include "model/toml_reader.h"
 
 namespace stepcast {

@@ -1,4 +1,7 @@
+#include "common/units.h"
 #include "model/prediction.h"
+
+#include "model/metrics.h"
 
 #include <cmath>
 #include <cstdio>
@@ -18,8 +21,7 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
   p.throughput.rank_samples_per_s = samples_per_step_rank / p.time.step;
   p.throughput.world_samples_per_s = f.world_size * p.throughput.rank_samples_per_s;
   p.throughput.tokens_per_s = p.throughput.world_samples_per_s * static_cast<double>(config.seq_len);
-  p.throughput.mfu = p.throughput.tokens_per_s * f.model_flops_per_token /
-                     (f.world_size * f.peak_flops_per_s);
+  p.throughput.mfu = mfu(p.throughput.tokens_per_s, f.model_flops_per_token, f.world_size, f.peak_flops_per_s);
 
   p.gpu_memory_limit_bytes = limits.gpu_memory_bytes > 0 ? limits.gpu_memory_bytes : hw.gpu.memory_bytes;
   p.host_memory_limit_bytes = limits.host_memory_bytes_node > 0
@@ -28,13 +30,13 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
   char buf[200];
   if (p.memory.gpu_total > (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes) {
     std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, %.1f GiB usable (%.1f GiB less %.0f %% headroom)",
-                  p.memory.gpu_total / 1073741824.0,
-                  (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes / 1073741824.0,
-                  p.gpu_memory_limit_bytes / 1073741824.0, 100.0 * kGpuMemoryHeadroomFrac);
+                  p.memory.gpu_total / kBytesPerGiB,
+                  (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes / kBytesPerGiB,
+                  p.gpu_memory_limit_bytes / kBytesPerGiB, 100.0 * kGpuMemoryHeadroomFrac);
     p.reason = buf;
   } else if (p.memory.host_node_total > p.host_memory_limit_bytes) {
     std::snprintf(buf, sizeof buf, "needs %.1f GiB of host memory per node, %.1f GiB available",
-                  p.memory.host_node_total / 1073741824.0, p.host_memory_limit_bytes / 1073741824.0);
+                  p.memory.host_node_total / kBytesPerGiB, p.host_memory_limit_bytes / kBytesPerGiB);
     p.reason = buf;
   }
   p.fits = p.reason.empty();

@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/errors.h"
+#include "common/errors.h"
+#include "model/metrics.h"
 
 namespace stepcast {
 
@@ -27,16 +28,16 @@ constexpr double k8bitStateBytes = 2.0 + 2.0 * 4.0 / k8bitBlock;
 // for bf16 AdamW. 8-bit AdamW offloaded in bf16 keeps split master weights
 // (backend/cpu_adamw.h: the bf16 upper half, which is the copy, and a 16-bit
 // remainder): 14 B, where fp32 master weights and a copy would be 16 B.
-bool splits_master(OptimizerKind opt, Precision precision, bool on_cpu) {
-  return opt == OptimizerKind::kAdamW8bit && precision == Precision::kBf16 && on_cpu;
+bool splits_master(OptimizerKind opt, Precision precision, bool on_cpu, bool split_master) {
+  return split_master && opt == OptimizerKind::kAdamW8bit && precision == Precision::kBf16 && on_cpu;
 }
 
-double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu) {
+double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu, bool split_master) {
   const bool mixed = precision != Precision::kFp32;
   const double grad = working_bytes(precision);
   const double moments = opt == OptimizerKind::kAdamW ? 8.0 : k8bitStateBytes;
   double bytes = grad + 4.0 /*master read*/ + 4.0 /*master write*/ + 2.0 * moments;
-  if (splits_master(opt, precision, on_cpu)) return bytes;  // halves read and written; the upper one is the copy
+  if (splits_master(opt, precision, on_cpu, split_master)) return bytes;  // halves read and written; the upper one is the copy
   if (mixed) bytes += 2.0;          // 16-bit copy of the updated parameter
   else if (on_cpu) bytes += 4.0;    // fp32 copy into the pinned upload buffer
   return bytes;
@@ -162,12 +163,12 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const double grad_calls = std::ceil(params / bucket);
   const double units = L + 2.0;  // stage-3 gather units: layers, embedding, head
   if (multi_rank) {
-    f.gather_bus_factor = (n - 1.0) / n;
+    f.gather_bus_factor = all_gather_bus_factor(n);
     if (stage == 0) {
-      f.grad_comm_bus_factor = 2.0 * (n - 1.0) / n;  // all-reduce
+      f.grad_comm_bus_factor = allreduce_bus_factor(n);
       f.grad_comm_is_allreduce = 1.0;
     } else {
-      f.grad_comm_bus_factor = (n - 1.0) / n;        // reduce-scatter
+      f.grad_comm_bus_factor = reduce_scatter_bus_factor(n);
     }
     if (stage <= 1) {
       // Gradients accumulate locally; one reduction on the last micro-batch.
@@ -213,7 +214,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.opt_pipelined = c.offload_pipeline ? 1.0 : 0.0;
   f.opt_overlap_fwd = c.offload_pipeline && c.offload_overlap_forward ? 1.0 : 0.0;
   f.opt_params_rank = shard_params;
-  f.opt_bytes_per_param = optimizer_traffic_bytes(c.optimizer, c.precision, offload_opt);
+  f.opt_bytes_per_param = optimizer_traffic_bytes(c.optimizer, c.precision, offload_opt, c.split_master);
   f.opt_flops_per_param = optimizer_flops(c.optimizer);
   f.ranks_per_node = c.gpus_per_node;
   f.cpu_cores_node = limits.cpu_cores_node > 0 ? limits.cpu_cores_node
@@ -225,7 +226,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.tokens_per_micro = tokens;
   // Kaplan et al.: 6 N FLOPs per token for forward + backward, plus causal
   // attention 6 L d_attn s (REFERENCE.md section 4).
-  f.model_flops_per_token = 6.0 * params + 6.0 * L * spec.q_dim() * s;
+  f.model_flops_per_token = model_flops_per_token(params, L, spec.q_dim(), s);
 
   // --- memory ------------------------------------------------------------------
   // Optimizer states of 8-bit AdamW: tensors under 4096 elements stay 32-bit.
@@ -266,7 +267,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     mem.host_opt_states_bytes = os_shard * state_bytes;
     mem.host_grads_bytes = 0.0;  // the gradient lands in the pinned staging shard below
     mem.host_pinned_buffers_bytes = os_shard * wb;  // gradients down, updated parameters up, in place
-    if (splits_master(c.optimizer, c.precision, true)) {
+    if (splits_master(c.optimizer, c.precision, true, c.split_master)) {
       // Split master weights (8-bit tensors only): the fp32 master becomes a 16-bit remainder
       // beside the bf16 upper half, which is the host parameter shard with parameter offload
       // (2 B saved), else a pinned upload buffer of its own (the staging shard then holds

@@ -95,12 +95,12 @@ double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision);
 
 // Memory traffic of one optimizer update per parameter (bytes): on the CPU the
 // gradient is read in the working precision and the updated parameter written
-// over it; 28 B for bf16 AdamW, 14 B for 8-bit (split master weights).
-double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu);
+// over it; 28 B for bf16 AdamW, 14 B for 8-bit with split master weights, 16 B without.
+double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu, bool split_master = true);
 
-// Whether the update keeps split master weights (8-bit AdamW on the CPU in bf16:
-// the backend's default, backend/cpu_adamw.h).
-bool splits_master(OptimizerKind opt, Precision precision, bool on_cpu);
+// Whether the update keeps split master weights: 8-bit AdamW on the CPU in bf16, unless
+// the configuration turns them off (TrainConfig::split_master; backend/cpu_adamw.h).
+bool splits_master(OptimizerKind opt, Precision precision, bool on_cpu, bool split_master = true);
 
 // Arithmetic of one update per parameter (FLOPs).
 double optimizer_flops(OptimizerKind opt);

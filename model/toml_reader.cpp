@@ -3,7 +3,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast {
 

@@ -1,6 +1,6 @@
 #include "model/train_config.h"
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast {
 
@@ -11,6 +11,30 @@ const char* optimizer_name(OptimizerKind o) {
 }
 
 const char* attention_name(AttentionKind a) { return a == AttentionKind::kMath ? "math" : "flash"; }
+
+const char* cpu_simd_name(CpuSimd s) {
+  switch (s) {
+    case CpuSimd::kScalar: return "scalar";
+    case CpuSimd::kAvx2: return "avx2";
+    case CpuSimd::kAvx512: return "avx512";
+    case CpuSimd::kAuto: break;
+  }
+  return "auto";
+}
+
+CpuSimd parse_cpu_simd(const std::string& text, const std::string& what) {
+  if (text == "auto") return CpuSimd::kAuto;
+  if (text == "scalar") return CpuSimd::kScalar;
+  if (text == "avx2") return CpuSimd::kAvx2;
+  if (text == "avx512") return CpuSimd::kAvx512;
+  throw InputError(what + " \"" + text + "\" is not valid (valid: auto, scalar, avx2, avx512)");
+}
+
+bool parse_on_off(const std::string& text, const std::string& what) {
+  if (text == "on") return true;
+  if (text == "off") return false;
+  throw InputError(what + " \"" + text + "\" is not valid (valid: on, off)");
+}
 
 OffloadDevice parse_offload(const std::string& text, const std::string& what) {
   if (text == "none") return OffloadDevice::kNone;

@@ -13,6 +13,7 @@ namespace stepcast {
 enum class OffloadDevice { kNone, kCpu };
 enum class OptimizerKind { kAdamW, kAdamW8bit };
 enum class AttentionKind { kFlash, kMath };  // fused SDPA kernels, or softmax(QK^T)V materialised
+enum class CpuSimd { kAuto, kScalar, kAvx2, kAvx512 };  // the CPU optimizer's instruction set (kAuto: the widest)
 
 struct TrainConfig {
   int zero_stage = 0;  // 0..3
@@ -35,6 +36,17 @@ struct TrainConfig {
   // updates; the CPU finishes them in forward order and each unit goes up just
   // before the next step's forward needs it ("--offload-pipeline full").
   bool offload_overlap_forward = false;
+  // 8-bit CPU offload in bf16: the fp32 master weights are held split, as their bf16 upper
+  // half (the upload copy) and a 16-bit remainder (backend/cpu_adamw.h), moving 14 instead
+  // of 16 bytes per update and holding 2 bytes less host memory per parameter with parameter
+  // offload. The cost model reads it (step_features.cpp).
+  bool split_master = true;
+  // The backend's CPU optimizer: its instruction set, and whether its threads are bound to
+  // cores (backend/cpu_cores.h). The cost model reads neither (its CPU rate is calibrated
+  // with the defaults); they are in the configuration key so that runs with other settings
+  // are not grouped with the defaults'.
+  CpuSimd cpu_simd = CpuSimd::kAuto;
+  bool cpu_bind = true;
 
   int world_size() const { return gpus_per_node * nodes; }
   int64_t global_batch() const { return micro_batch * gas * world_size(); }
@@ -43,6 +55,10 @@ struct TrainConfig {
 const char* offload_name(OffloadDevice d);
 const char* optimizer_name(OptimizerKind o);
 const char* attention_name(AttentionKind a);
+const char* cpu_simd_name(CpuSimd s);
+CpuSimd parse_cpu_simd(const std::string& text, const std::string& what);
+// "on" / "off" settings of flags and keys; `what` names the flag or key in the error.
+bool parse_on_off(const std::string& text, const std::string& what);
 OffloadDevice parse_offload(const std::string& text, const std::string& what);
 OptimizerKind parse_optimizer(const std::string& text, const std::string& what);
 AttentionKind parse_attention(const std::string& text, const std::string& what);

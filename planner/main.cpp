@@ -10,21 +10,23 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <sstream>
 
-#include "model/errors.h"
-#include "planner/atomic_file.h"
+#include "common/units.h"
+#include "common/errors.h"
+#include "common/run_main.h"
+#include "common/atomic_file.h"
 #include "planner/deepspeed_config.h"
 #include "planner/plan_search.h"
 #include "planner/report.h"
-#include "planner/train_binary.h"
+#include "calibrate/measure.h"
+#include "calibrate/run_record.h"
+#include "common/process.h"
 
 namespace stepcast {
 namespace {
 
-constexpr double kGiB = 1073741824.0;
 
 std::string fmt_double(const char* format, double v) {
   char buf[64];
@@ -112,7 +114,7 @@ TrainConfig base_config(const CommonOptions& o) {
 }
 
 ResourceLimits limits_of(const CommonOptions& o) {
-  return ResourceLimits{o.gpu_mem_gib * kGiB, o.cpu_mem_gib * kGiB, o.cpu_cores};
+  return ResourceLimits{o.gpu_mem_gib * kBytesPerGiB, o.cpu_mem_gib * kBytesPerGiB, o.cpu_cores};
 }
 
 // Writes the launcher configs for `plan`, atomically; returns the notes to print.
@@ -338,12 +340,6 @@ struct ValidateOptions {
   std::string pipeline = "full";  // offload plans: as recommend's --offload-pipeline
 };
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 int run_validate(const CommonOptions& o, int64_t global_batch, const std::string& optimizers, const ValidateOptions& v) {
   namespace fs = std::filesystem;
   if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
@@ -354,7 +350,7 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
   const TrainConfig& base = req.base;
   SearchResult res = search_plans(req);
   if (res.ranked.empty()) throw InputError("nothing fits: no plan to validate");
-  const std::string train = train_binary(v.train);
+  const std::string train = sibling_binary(v.train, "backend", "train");
   const fs::path tmp = fs::temp_directory_path() / ("stepcast_validate_" + std::to_string(::getpid()));
   fs::create_directories(tmp);
   const std::string log = v.append.empty() ? (tmp / "runs.jsonl").string() : v.append;
@@ -376,28 +372,28 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
     std::fprintf(stderr, "validate: [%zu/%zu] %s, micro-batch %lld, GAS %lld ...\n", i + 1, k,
                  family_name(p.config).c_str(), static_cast<long long>(p.config.micro_batch),
                  static_cast<long long>(p.config.gas));
-    const std::string cmd = shell_quote(train) + " --model " + shell_quote(o.model) + " --plan " + shell_quote(plan.string()) +
-                            " --nproc " + std::to_string(base.gpus_per_node) + " --steps " + std::to_string(v.steps) +
-                            " --warmup 1 --device " + shell_quote(v.device) + " --hardware " + shell_quote(o.hardware) +
-                            " --quiet --json-out " + shell_quote(mine.string()) + (o.data_dir.empty() ? "" : " --data-dir " + shell_quote(o.data_dir));
+    calibrate::TrainLaunch launch;
+    launch.train = train;
+    launch.model = o.model;
+    launch.plan = plan.string();
+    launch.nproc = base.gpus_per_node;
+    launch.steps = v.steps;
+    launch.device = v.device;
+    launch.hardware = o.hardware;
+    launch.data_dir = o.data_dir;
+    launch.json_out = mine.string();
     Measured m{&p};
-    const int status = std::system(cmd.c_str());
-    m.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    std::vector<double> steps;
-    std::ifstream in(mine);
-    std::string line;
-    std::string all;
-    while (std::getline(in, line)) {
-      all += line + "\n";
-      auto j = nlohmann::json::parse(line);
-      if (!j.value("warmup", false)) steps.push_back(j["time_s"]["step"].get<double>());
+    m.rc = calibrate::run_train(launch).exit_status;
+    if (fs::exists(mine)) {
+      // The median of the measured steps, as calibrate reads them.
+      const auto recs = calibrate::load_runs({mine}, data_dir(o));
+      if (!recs.empty() && recs.front().step_s > 0) {
+        m.step_s = recs.front().step_s;
+        m.tokens_per_s = static_cast<double>(p.config.global_batch() * p.config.seq_len) / m.step_s;
+      }
+      std::ifstream src(mine, std::ios::binary);
+      std::ofstream(log, std::ios::app) << src.rdbuf();
     }
-    if (!steps.empty()) {
-      std::sort(steps.begin(), steps.end());
-      m.step_s = steps[steps.size() / 2];
-      m.tokens_per_s = static_cast<double>(p.config.micro_batch * p.config.gas * p.config.world_size() * p.config.seq_len) / m.step_s;
-    }
-    std::ofstream(log, std::ios::app) << all;
     out.push_back(m);
   }
   double best = 0;
@@ -485,7 +481,7 @@ int run_hardware(const std::string& dir_flag, bool json) {
                    {"calibrated", hw.coefs_calibrated}});
     char buf[200];
     std::snprintf(buf, sizeof buf, "%-14s  %-23s  %6.1f  %9.0f  %6.2f  %-6s  %s\n", hw.name.c_str(),
-                  hw.gpu.name.c_str(), hw.gpu.memory_bytes / kGiB, hw.gpu.peak_bf16_flops_per_s / 1e12,
+                  hw.gpu.name.c_str(), hw.gpu.memory_bytes / kBytesPerGiB, hw.gpu.peak_bf16_flops_per_s / 1e12,
                   hw.gpu.memory_bytes_per_s / 1e12, hw.links.intra_node.c_str(),
                   hw.coefs_calibrated ? "yes" : "no");
     text << buf;
@@ -587,13 +583,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace stepcast
 
 int main(int argc, char** argv) {
-  try {
-    return stepcast::main_impl(argc, argv);
-  } catch (const stepcast::InputError& err) {
-    std::cerr << "planner: error: " << err.what() << "\n";
-    return 2;
-  } catch (const std::exception& err) {
-    std::cerr << "planner: error: " << err.what() << "\n";
-    return 2;
-  }
+  return stepcast::run_main("planner", [&] { return stepcast::main_impl(argc, argv); });
 }

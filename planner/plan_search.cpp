@@ -1,3 +1,4 @@
+#include "common/units.h"
 #include "planner/plan_search.h"
 
 #include <algorithm>
@@ -5,7 +6,7 @@
 #include <cstdio>
 #include <map>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast {
 
@@ -252,7 +253,7 @@ SearchResult search_plans(const SearchRequest& req) {
       Prediction p = evaluate(req.model, req.hardware, c, ResourceLimits{req.limits.gpu_memory_bytes, 0, 0});
       if (p.fits) {
         std::snprintf(buf, sizeof buf, "would fit on %d GPUs (--gpus %d --nodes %d): %.1f GiB per GPU",
-                      total, c.gpus_per_node, c.nodes, p.memory.gpu_total / 1073741824.0);
+                      total, c.gpus_per_node, c.nodes, p.memory.gpu_total / kBytesPerGiB);
         result.suggestions.push_back(buf);
         break;
       }

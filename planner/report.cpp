@@ -1,4 +1,7 @@
+#include "common/units.h"
 #include "planner/report.h"
+
+#include "model/train_config_json.h"
 
 #include <cstdio>
 #include <sstream>
@@ -7,7 +10,6 @@ namespace stepcast {
 
 namespace {
 
-constexpr double kGiB = 1073741824.0;
 
 std::string fmt(const char* format, double v) {
   char buf[64];
@@ -52,7 +54,7 @@ class Table {
 
 }  // namespace
 
-std::string format_gib(double bytes) { return fmt("%.1f", bytes / kGiB); }
+std::string format_gib(double bytes) { return fmt("%.1f", bytes / kBytesPerGiB); }
 
 nlohmann::json model_to_json(const ModelSpec& m) {
   return {{"name", m.name},
@@ -81,22 +83,7 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   const auto& c = p.config;
   const auto& t = p.time;
   nlohmann::json j;
-  j["config"] = {{"zero_stage", c.zero_stage},
-                 {"offload_optimizer", offload_name(c.offload_optimizer)},
-                 {"offload_params", offload_name(c.offload_params)},
-                 {"optimizer", optimizer_name(c.optimizer)},
-                 {"precision", precision_name(c.precision)},
-                 {"micro_batch", c.micro_batch},
-                 {"gas", c.gas},
-                 {"seq_len", c.seq_len},
-                 {"gpus", c.gpus_per_node},
-                 {"nodes", c.nodes},
-                 {"world_size", c.world_size()},
-                 {"global_batch", c.global_batch()},
-                 {"activation_checkpointing", c.activation_checkpointing},
-                 {"offload_pipeline", c.offload_pipeline},
-                 {"offload_overlap_forward", c.offload_overlap_forward},
-                 {"attention", attention_name(c.attention)}};
+  j["config"] = train_config_to_json(c);
   j["family"] = family_name(c);
   j["fits"] = p.fits;
   // Micro-batch x sequence beyond the calibrated profile's fitted runs: extrapolated.

@@ -183,7 +183,7 @@ TEST_CASE("the CPU optimizer's threads run on their cores, and their errors reac
     });
     for (int t = 0; t < threads; ++t) {
       CAPTURE(t);
-      if (cpu_binding_enabled()) CHECK(ran_on[t] == mine[t % mine.size()]);
+      if (cpus_bound()) CHECK(ran_on[t] == mine[t % mine.size()]);
       else CHECK(ran_on[t] >= 0);
     }
   }
@@ -239,32 +239,13 @@ TEST_CASE("8-bit quantisation: the paper's dynamic map, nearest point, error bou
 
 namespace {
 
-// The AVX-512 8-bit body with and without the AVX512_VBMI byte permutes, where the CPU has them.
-std::vector<bool> vbmi_choices(SimdLevel level) {
-  if (level == SimdLevel::kAvx512 && cpu_adamw8bit_uses_vbmi()) return {true, false};
-  return {true};
-}
-
-// The SIMD bodies of the 8-bit kernel this CPU runs: AVX2, AVX-512, and AVX-512 without VBMI.
-struct SimdBody {
-  SimdLevel level;
-  bool vbmi;
-};
-
-std::vector<SimdBody> simd_bodies_8bit() {
-  std::vector<SimdBody> out;
-  for (SimdLevel level : {SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (level == SimdLevel::kAvx512 && cpu_simd_level() != SimdLevel::kAvx512) continue;
-    if (level == SimdLevel::kAvx2 && cpu_simd_level() == SimdLevel::kScalar) continue;
-    for (bool vbmi : vbmi_choices(level)) out.push_back({level, vbmi});
-  }
+// The SIMD bodies of the 8-bit kernel this CPU runs: AVX2 and AVX-512.
+std::vector<SimdLevel> simd_bodies_8bit() {
+  std::vector<SimdLevel> out;
+  if (cpu_simd_level() != SimdLevel::kScalar) out.push_back(SimdLevel::kAvx2);
+  if (cpu_simd_level() == SimdLevel::kAvx512) out.push_back(SimdLevel::kAvx512);
   return out;
 }
-
-struct VbmiAllowed {
-  explicit VbmiAllowed(bool allow) { cpu_adamw8bit_allow_vbmi(allow); }
-  ~VbmiAllowed() { cpu_adamw8bit_allow_vbmi(true); }
-};
 
 // The hyper-parameters of the 8-bit tests below, at a given step.
 kernels::AdamWArgs drift_args(int step) {
@@ -316,9 +297,7 @@ TEST_CASE("split master weights: exact for every float; the 8-bit update with th
   if (cpu_simd_level() != SimdLevel::kScalar) levels.push_back(SimdLevel::kAvx2);
   if (cpu_simd_level() == SimdLevel::kAvx512) levels.push_back(SimdLevel::kAvx512);
   for (SimdLevel level : levels) {
-    for (bool vbmi : vbmi_choices(level)) {
-      const VbmiAllowed allowed(vbmi);
-      CAPTURE(vbmi);
+    {
       CAPTURE(simd_name(level));
       auto master = init.clone();
       auto hi = torch::empty({n}, torch::kInt16), lo = torch::empty({n}, torch::kInt16);
@@ -384,20 +363,9 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
   };
   torch::Tensor q_scalar, q_simd;
   const torch::Tensor scalar = run8(SimdLevel::kScalar, q_scalar);
-  std::map<SimdLevel, std::pair<torch::Tensor, torch::Tensor>> first_body;  // per level: master, codes
-  for (const SimdBody& simd_body : simd_bodies_8bit()) {
-    const SimdLevel level = simd_body.level;
-    const VbmiAllowed allowed(simd_body.vbmi);
+  for (const SimdLevel level : simd_bodies_8bit()) {
     CAPTURE(simd_name(level));
-    CAPTURE(simd_body.vbmi);
     const torch::Tensor simd = run8(level, q_simd);
-    // The AVX-512 body with and without VBMI is the same arithmetic: bit-identical results.
-    if (first_body.count(level)) {
-      CHECK(torch::equal(first_body[level].first, simd));
-      CHECK(torch::equal(first_body[level].second, q_simd));
-    } else {
-      first_body[level] = {simd, q_simd.clone()};
-    }
     // FMA vs separate multiply-add in the moment updates: codes may differ by one step, rarely.
     const auto code_diff = (q_simd.to(torch::kInt) - q_scalar.to(torch::kInt)).abs();
     CHECK(code_diff.gt(1).sum().item<int64_t>() <= n / 1000);  // beyond one step only across a sign flip near 0
@@ -425,56 +393,6 @@ TEST_CASE("8-bit AdamW: every SIMD path agrees with the scalar one and tracks fp
   const double apart = (scalar - master).norm().item<double>();
   CHECK(travelled > 1e-3);
   CHECK(apart < 0.05 * travelled);
-}
-
-TEST_CASE("8-bit AdamW: the AVX-512 bodies with and without VBMI are bit-identical, block tails included") {
-  // The VBMI body decodes the first moment 64 codes at a time from byte planes of the values
-  // the base body computes per element; both leave a block's last n % 64 values to the scalar
-  // code. Sizes: a tail under 64 alone, tails of 45 and 17 after whole 64-groups, whole blocks.
-  if (cpu_simd_level() != SimdLevel::kAvx512 || !cpu_adamw8bit_uses_vbmi()) {
-    MESSAGE("no AVX-512 with VBMI here: nothing to compare");
-    return;
-  }
-  for (int64_t n : {int64_t{45}, quant8::kBlock + 5 * 64 + 45, 2 * quant8::kBlock + 17, 2 * quant8::kBlock}) {
-    CAPTURE(n);
-    torch::manual_seed(5);
-    const auto init = torch::randn({n}) * 0.02;
-    std::vector<torch::Tensor> grads;
-    for (int step = 1; step <= 6; ++step) grads.push_back((torch::randn({n}) * 1e-3 - 1e-4).to(torch::kBFloat16));
-    // Each body runs both kernels: fp32 master weights with a bf16 copy, and split ones.
-    struct State {
-      torch::Tensor master, out, hi, lo;    // fp32 master + copy; split master weights
-      torch::Tensor qm, qv, am, av;         // the fp32-master run's states
-      torch::Tensor sqm, sqv, sam, sav;     // the split run's states
-    };
-    auto run = [&](bool vbmi) {
-      const VbmiAllowed allowed(vbmi);
-      const int64_t blocks = quant8::num_blocks(n);
-      auto codes = [&] { return torch::zeros({n}, torch::kByte); };
-      auto absmax = [&] { return torch::zeros({blocks}); };
-      State s{init.clone(), torch::empty({n}, torch::kBFloat16), torch::empty({n}, torch::kInt16),
-              torch::empty({n}, torch::kInt16), codes(), codes(), absmax(), absmax(), codes(), codes(), absmax(), absmax()};
-      for (int64_t i = 0; i < n; ++i)
-        split_master(init.data_ptr<float>()[i], reinterpret_cast<uint16_t*>(s.hi.data_ptr())[i], s.lo.data_ptr<int16_t>()[i]);
-      for (int step = 1; step <= 6; ++step) {
-        const kernels::AdamWArgs a = drift_args(step);
-        const torch::Tensor& g = grads[static_cast<size_t>(step - 1)];
-        cpu_adamw8bit(s.master.data_ptr<float>(), s.qm.data_ptr<uint8_t>(), s.qv.data_ptr<uint8_t>(), s.am.data_ptr<float>(),
-                      s.av.data_ptr<float>(), g.data_ptr(), kernels::DType::kBFloat16, s.out.data_ptr(),
-                      kernels::DType::kBFloat16, n, a, SimdLevel::kAvx512);
-        cpu_adamw8bit_split(reinterpret_cast<uint16_t*>(s.hi.data_ptr()), s.lo.data_ptr<int16_t>(), s.sqm.data_ptr<uint8_t>(),
-                            s.sqv.data_ptr<uint8_t>(), s.sam.data_ptr<float>(), s.sav.data_ptr<float>(), g.data_ptr(),
-                            kernels::DType::kBFloat16, n, a, SimdLevel::kAvx512);
-      }
-      return s;
-    };
-    const State with = run(true), without = run(false);
-    for (auto member : {&State::master, &State::out, &State::hi, &State::lo, &State::qm, &State::qv, &State::am,
-                        &State::av, &State::sqm, &State::sqv, &State::sam, &State::sav})
-      CHECK(torch::equal(with.*member, without.*member));
-    // And the update moved the parameters (6 steps of lr 1e-3: about 6e-3 each).
-    CHECK((with.master - init).abs().mean().item<double>() > 1e-3);
-  }
 }
 
 TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the nearest points)") {
@@ -570,11 +488,8 @@ TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the n
     const torch::Tensor scalar = codes(SimdLevel::kScalar);
     const uint8_t* s = scalar.data_ptr<uint8_t>();
     const quant8::Map& map = which == 0 ? quant8::signed_magnitudes() : quant8::unsigned_map();
-    for (const SimdBody& simd_body : simd_bodies_8bit()) {
-      const SimdLevel level = simd_body.level;
-      const VbmiAllowed allowed(simd_body.vbmi);
+    for (const SimdLevel level : simd_bodies_8bit()) {
       CAPTURE(simd_name(level));
-      CAPTURE(simd_body.vbmi);
       const torch::Tensor simd = codes(level);
       const uint8_t* q = simd.data_ptr<uint8_t>();
       int64_t ties = 0, wrong = 0;
@@ -777,10 +692,7 @@ TEST_CASE("split master weights in training (bf16, 8-bit, CPU offload): fp32-mas
   const std::string base = "--model test-llama-tiny --precision bf16 --seq 32 --micro-batch 2 --gas 2 --lr 1e-3" +
                            ranks() + " --optimizer adamw8bit --offload-optimizer cpu";
   const auto run = [&](const std::string& args, bool split, const fs::path& dump) {
-    ::setenv("STEPCAST_SPLIT_MASTER", split ? "1" : "0", 1);
-    const int rc = train(args + " --dump-params " + dump.string());
-    ::unsetenv("STEPCAST_SPLIT_MASTER");
-    return rc;
+    return train(args + " --dump-params " + dump.string() + (split ? " --split-master on" : " --split-master off"));
   };
   const fs::path init = tmpdir() / "split_init.pt", plain = tmpdir() / "split_off.pt", split = tmpdir() / "split_on.pt";
   // One step from the same bf16 working copy (stage 2 starts from round-to-nearest-even
@@ -811,11 +723,9 @@ TEST_CASE("split master weights in training (bf16, 8-bit, CPU offload): fp32-mas
   fs::remove(straight);
   fs::remove(resumed);
   fs::remove_all(ck);
-  ::setenv("STEPCAST_SPLIT_MASTER", "1", 1);
   const int rc1 = train(common + " --steps 6 --json-out " + straight.string());
   const int rc2 = train(common + " --steps 3 --save " + ck.string() + " --json-out " + resumed.string());
   const int rc3 = train(common + " --steps 3 --resume " + ck.string() + " --json-out " + resumed.string());
-  ::unsetenv("STEPCAST_SPLIT_MASTER");
   REQUIRE(rc1 == 0);
   REQUIRE(rc2 == 0);
   REQUIRE(rc3 == 0);
@@ -825,9 +735,7 @@ TEST_CASE("split master weights in training (bf16, 8-bit, CPU offload): fp32-mas
   for (size_t i = 0; i < 6; ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-6));
   // Without split master weights the checkpoint does not fit: one line, exit 2.
   std::string err;
-  ::setenv("STEPCAST_SPLIT_MASTER", "0", 1);
-  const int rc4 = train(common + " --steps 1 --resume " + ck.string(), &err);
-  ::unsetenv("STEPCAST_SPLIT_MASTER");
+  const int rc4 = train(common + " --steps 1 --split-master off --resume " + ck.string(), &err);
   CHECK(rc4 == 2);
   CHECK(err.find("checkpoint holds") != std::string::npos);
 }
@@ -849,20 +757,13 @@ TEST_CASE("faults: NaN loss stops with the step; a dead rank ends the run; bad i
   CHECK(err.find("--offload-params cpu needs --stage 3") != std::string::npos);
   CHECK(train("--model gpt-9", &err) == 2);
   CHECK(err.find("unknown model") != std::string::npos);
-  // A bad SIMD override names the variable and its value.
-  ::setenv("STEPCAST_CPU_SIMD", "sse9", 1);
-  CHECK(train(std::string(kBase) + " --stage 2 --offload-optimizer cpu --steps 1", &err) == 2);
-  ::unsetenv("STEPCAST_CPU_SIMD");
-  CHECK(err.find("STEPCAST_CPU_SIMD=\"sse9\"") != std::string::npos);
-  // So do the binding and prefetch switches (read before any thread starts).
-  ::setenv("STEPCAST_CPU_BIND", "yes", 1);
-  CHECK(train(std::string(kBase) + " --steps 1", &err) == 2);
-  ::unsetenv("STEPCAST_CPU_BIND");
-  CHECK(err.find("STEPCAST_CPU_BIND=\"yes\"") != std::string::npos);
-  ::setenv("STEPCAST_Q8_PREFETCH", "far", 1);
-  CHECK(train(std::string(kBase) + " --stage 2 --offload-optimizer cpu --optimizer adamw8bit --steps 1", &err) == 2);
-  ::unsetenv("STEPCAST_Q8_PREFETCH");
-  CHECK(err.find("STEPCAST_Q8_PREFETCH=\"far\"") != std::string::npos);
+  // The CPU optimizer's switches name the flag and the value.
+  CHECK(train(std::string(kBase) + " --stage 2 --offload-optimizer cpu --steps 1 --cpu-simd sse9", &err) == 2);
+  CHECK(err.find("--cpu-simd \"sse9\"") != std::string::npos);
+  CHECK(train(std::string(kBase) + " --steps 1 --cpu-bind yes", &err) == 2);
+  CHECK(err.find("--cpu-bind \"yes\"") != std::string::npos);
+  CHECK(train(std::string(kBase) + " --steps 1 --split-master maybe", &err) == 2);
+  CHECK(err.find("--split-master \"maybe\"") != std::string::npos);
 }
 
 TEST_CASE("train --plan runs the planner's plan") {

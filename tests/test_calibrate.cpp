@@ -9,7 +9,7 @@
 
 #include "calibrate/fit.h"
 #include "calibrate/run_record.h"
-#include "model/errors.h"
+#include "common/errors.h"
 #include "model/prediction.h"
 #include "test_util.h"
 

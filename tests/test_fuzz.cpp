@@ -7,7 +7,7 @@
 #include <random>
 #include <sstream>
 
-#include "model/errors.h"
+#include "common/errors.h"
 #include "test_util.h"
 
 using namespace stepcast;

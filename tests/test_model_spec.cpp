@@ -2,7 +2,7 @@
 // cards and config.json files.
 #include <doctest/doctest.h>
 
-#include "model/errors.h"
+#include "common/errors.h"
 #include "test_util.h"
 
 using namespace stepcast;

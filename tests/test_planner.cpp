@@ -1,7 +1,7 @@
 // The planner's search, ranking, explanations and launcher configs.
 #include <doctest/doctest.h>
 
-#include "model/errors.h"
+#include "common/errors.h"
 #include "planner/deepspeed_config.h"
 #include "planner/plan_search.h"
 #include "planner/report.h"

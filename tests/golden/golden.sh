@@ -73,7 +73,7 @@ fi
 # and every measured time differ from run to run.
 for f in "$OUT"/*; do
   case "$f" in
-    *.toml) sed -i -E 's/calibrate fit [0-9-]+, git [0-9a-f]+(-dirty)?/calibrate fit DATE, git COMMIT/' "$f" ;;
+    *.toml) sed -i -E 's/calibrate fit [0-9-]+, git [0-9a-f]+([+-]dirty)?/calibrate fit DATE, git COMMIT/' "$f" ;;
     *.jsonl) python3 - "$f" <<'PY'
 import json, sys
 path = sys.argv[1]

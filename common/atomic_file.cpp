@@ -1,4 +1,4 @@
-#include "planner/atomic_file.h"
+#include "common/atomic_file.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace stepcast {
 

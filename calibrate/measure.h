@@ -1,0 +1,56 @@
+// Measuring on the backend, for `calibrate measure` and `planner validate`:
+// run lists, launching `train` and `microbench` with an argv vector (no shell:
+// common/process.h), and what a configuration will be recorded as before it
+// runs, so that a measurement resumes by the run records' configuration keys.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/process.h"
+
+namespace stepcast::calibrate {
+
+// One line of a run list: MODEL NPROC [train flags], flags split at white space.
+// '#' starts a comment line; blank lines are skipped.
+struct RunListEntry {
+  std::string model;
+  int nproc = 1;
+  std::vector<std::string> flags;
+  std::string where;  // "file:line"
+};
+
+// Throws InputError naming the file and line of a malformed entry.
+std::vector<RunListEntry> read_run_list(const std::filesystem::path& list);
+
+// One `train` run: what every measuring tool passes, plus the entry's own flags.
+struct TrainLaunch {
+  std::string train;  // the binary (sibling_binary)
+  std::string model;
+  int nproc = 1;
+  int64_t steps = 3;
+  int64_t warmup_steps = 1;
+  std::string device = "auto";
+  std::string hardware;  // empty: train's default
+  std::string data_dir;  // empty: train's default
+  std::string plan;      // a planner JSON whose plans[0] runs, or empty
+  std::vector<std::string> flags;
+  std::string json_out;  // the run records, appended
+};
+
+std::vector<std::string> train_argv(const TrainLaunch& launch);
+
+// Runs train to its end; its console output is appended to `log` (inherited when empty).
+SpawnResult run_train(const TrainLaunch& launch, const std::string& log = "");
+
+// The configuration key (model/train_config_json.h) that `launch` will record, from
+// `train --dry-run`, which parses the flags and resolves the model without training.
+// Throws InputError with train's message when train rejects the flags.
+std::string planned_config_key(const TrainLaunch& launch, const std::filesystem::path& scratch_dir);
+
+// Splits a flag string ("--quick --suite compute") at white space.
+std::vector<std::string> split_words(const std::string& text);
+
+}  // namespace stepcast::calibrate
