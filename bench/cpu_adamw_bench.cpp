@@ -25,9 +25,9 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu_adamw.h"
-#include "backend/cpu_cores.h"
-#include "backend/quant8.h"
+#include "backend/optim/cpu_adamw.h"
+#include "backend/optim/cpu_cores.h"
+#include "backend/optim/quant8.h"
 #include "bench/bench_util.h"
 
 using namespace stepcast::backend;

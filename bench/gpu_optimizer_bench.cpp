@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/kernels.h"
-#include "backend/quant8.h"
+#include "backend/cuda/kernels.h"
+#include "backend/optim/quant8.h"
 #include "bench/bench_util.h"
 
 using namespace stepcast::backend;

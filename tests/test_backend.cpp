@@ -22,11 +22,11 @@
 #include <set>
 #include <sstream>
 
-#include "backend/cpu_adamw.h"
-#include "backend/cpu_cores.h"
+#include "backend/optim/cpu_adamw.h"
+#include "backend/optim/cpu_cores.h"
 
-#include "backend/layout.h"
-#include "backend/quant8.h"
+#include "backend/engine/layout.h"
+#include "backend/optim/quant8.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
 #include "test_util.h"

@@ -4,18 +4,12 @@
 
 #include <cstdint>
 
-namespace stepcast::backend::kernels {
+#include "backend/optim/adamw_args.h"
 
-enum class DType { kFloat32, kBFloat16 };
+namespace stepcast::backend::kernels {
 
 // dst[i] += src[i] on `stream`.
 void add_inplace(void* dst, const void* src, int64_t n, DType dtype, void* stream);
-
-struct AdamWArgs {
-  float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-  int64_t step = 1;         // 1-based, after increment
-  float grad_scale = 1.0f;  // gradients are multiplied by this first (1 / (ranks x GAS))
-};
 
 // One fused AdamW update over n parameters (Loshchilov & Hutter 2019, in the
 // form of torch.optim.AdamW): reads the gradient (fp32 or bf16), fp32 master
@@ -24,15 +18,6 @@ struct AdamWArgs {
 // bf16 gradient and bf16 output.
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_dtype,
            void* param_out, DType param_dtype, int64_t n, const AdamWArgs& args, void* stream);
-
-// One dynamic quantisation map of 8-bit AdamW (quant8.h): per level i, its
-// first point, spacing and the threshold to the next level (16 slots, so
-// that a SIMD permute reads them).
-struct Quant8Map {
-  int bits;
-  float first[16], step[16], inv_step[16], threshold[16];
-  float zero_threshold;  // below it: code 0
-};
 
 // 8-bit AdamW (Dettmers et al. 2022) over n parameters with block-wise
 // quantised moments: one CUDA block per quantisation block. Same arithmetic

@@ -13,10 +13,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "backend/adamw_math.h"
-#include "backend/adamw_simd.h"
-#include "backend/cpu_adamw.h"
-#include "backend/quant8.h"
+#include "backend/optim/adamw_math.h"
+#include "backend/optim/adamw_simd.h"
+#include "backend/optim/cpu_adamw.h"
+#include "backend/optim/quant8.h"
 #include "common/errors.h"
 
 namespace stepcast::backend {

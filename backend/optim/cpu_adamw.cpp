@@ -1,9 +1,9 @@
-#include "backend/cpu_adamw.h"
+#include "backend/optim/cpu_adamw.h"
 
-#include "backend/adamw_math.h"
-#include "backend/adamw_simd.h"
-#include "backend/cpu_cores.h"
-#include "backend/quant8.h"
+#include "backend/optim/adamw_math.h"
+#include "backend/optim/adamw_simd.h"
+#include "backend/optim/cpu_cores.h"
+#include "backend/optim/quant8.h"
 #include "common/errors.h"
 
 #include <immintrin.h>

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/runtime.h"
+#include "backend/runtime/runtime.h"
 #include "common/errors.h"
 
 namespace stepcast::backend {

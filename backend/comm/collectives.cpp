@@ -1,4 +1,4 @@
-#include "backend/collectives.h"
+#include "backend/comm/collectives.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>

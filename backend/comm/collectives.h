@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/runtime.h"
+#include "backend/runtime/runtime.h"
 
 
 namespace stepcast::backend {

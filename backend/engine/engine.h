@@ -42,11 +42,11 @@
 #include <thread>
 #include <vector>
 
-#include "backend/collectives.h"
-#include "backend/kernels.h"
-#include "backend/layout.h"
-#include "backend/runtime.h"
-#include "backend/transformer.h"
+#include "backend/comm/collectives.h"
+#include "backend/cuda/kernels.h"
+#include "backend/engine/layout.h"
+#include "backend/runtime/runtime.h"
+#include "backend/engine/transformer.h"
 #include "model/train_config.h"
 
 namespace stepcast::backend {

@@ -7,18 +7,12 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "backend/collectives.h"
+#include "backend/cuda/check.h"
+#include "backend/comm/collectives.h"
 
 namespace stepcast::backend {
 
 namespace {
-
-void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
-  if (r != ncclSuccess)
-    throw std::runtime_error(std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                             ncclGetErrorString(r));
-}
-#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
 
 ncclDataType_t nccl_type(const torch::Tensor& t) {
   switch (t.scalar_type()) {

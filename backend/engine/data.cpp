@@ -1,4 +1,4 @@
-#include "backend/data.h"
+#include "backend/engine/data.h"
 
 #include <fstream>
 #include <random>

@@ -5,19 +5,13 @@
 #include <stdexcept>
 #include <string>
 
-#include "backend/kernels.h"
-#include "backend/quant8.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/optim/quant8.h"
 
 namespace stepcast::backend::kernels {
 
 namespace {
-
-void check(cudaError_t err, const char* what, const char* file, int line) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                             cudaGetErrorString(err));
-}
-#define CUDA_CHECK(call) check((call), #call, __FILE__, __LINE__)
 
 __device__ inline float load(const float* p, int64_t i) { return p[i]; }
 __device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }

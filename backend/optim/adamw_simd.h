@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "backend/adamw_math.h"
+#include "backend/optim/adamw_math.h"
 
 #define STEPCAST_TARGET_AVX512 __attribute__((target("avx512f,avx512bw")))
 #define STEPCAST_TARGET_AVX2 __attribute__((target("avx2,fma")))

@@ -1,8 +1,8 @@
-#include "backend/transformer.h"
+#include "backend/engine/transformer.h"
 
 #include <cmath>
 
-#include "backend/compat.h"
+#include "backend/runtime/compat.h"
 #include "common/errors.h"
 
 namespace stepcast::backend {

@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "backend/kernels.h"
+#include "backend/optim/adamw_args.h"
 
 namespace stepcast::backend::quant8 {
 

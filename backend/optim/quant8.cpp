@@ -1,4 +1,4 @@
-#include "backend/quant8.h"
+#include "backend/optim/quant8.h"
 
 #include <cmath>
 

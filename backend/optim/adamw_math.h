@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backend/cpu_adamw.h"
-#include "backend/kernels.h"
+#include "backend/optim/cpu_adamw.h"
+#include "backend/optim/adamw_args.h"
 
 namespace stepcast::backend {
 

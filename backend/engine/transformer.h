@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-#include "backend/layout.h"
+#include "backend/engine/layout.h"
 
 namespace stepcast::backend {
 

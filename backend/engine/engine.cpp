@@ -1,13 +1,13 @@
-#include "backend/engine.h"
+#include "backend/engine/engine.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 
-#include "backend/compat.h"
-#include "backend/cpu_adamw.h"
-#include "backend/quant8.h"
+#include "backend/runtime/compat.h"
+#include "backend/optim/cpu_adamw.h"
+#include "backend/optim/quant8.h"
 #include "common/errors.h"
 
 namespace stepcast::backend {

@@ -1,8 +1,8 @@
-#include "backend/layout.h"
+#include "backend/engine/layout.h"
 
 #include <algorithm>
 
-#include "backend/quant8.h"
+#include "backend/optim/quant8.h"
 #include "common/errors.h"
 
 namespace stepcast::backend {

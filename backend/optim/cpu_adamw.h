@@ -8,7 +8,7 @@
 #include <cstring>
 #include <functional>
 
-#include "backend/kernels.h"
+#include "backend/optim/adamw_args.h"
 #include "model/train_config.h"
 
 namespace stepcast::backend {

@@ -1,4 +1,4 @@
-#include "backend/launcher.h"
+#include "backend/comm/launcher.h"
 
 #include <netinet/in.h>
 #include <signal.h>

@@ -8,8 +8,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "backend/kernels.h"
-#include "backend/runtime.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/runtime/runtime.h"
 
 #ifdef STEPCAST_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -19,13 +20,6 @@
 namespace stepcast::backend {
 
 namespace {
-
-void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                             cudaGetErrorString(err));
-}
-#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 
 kernels::DType dtype_of(const torch::Tensor& t) {
   if (t.scalar_type() == torch::kFloat) return kernels::DType::kFloat32;

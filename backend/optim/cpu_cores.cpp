@@ -1,4 +1,4 @@
-#include "backend/cpu_cores.h"
+#include "backend/optim/cpu_cores.h"
 
 #include <sched.h>
 
