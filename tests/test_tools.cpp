@@ -1,0 +1,106 @@
+// The measuring tools end to end on the backend: planner validate and
+// calibrate measure.
+#include <torch/torch.h>
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "doctest_after_glog.h"
+
+#include "backend_test_util.h"
+
+using namespace stepcast;
+using namespace stepcast::backend;
+using namespace stepcast::test;
+
+TEST_CASE("planner validate runs the top plans and reports the regret") {
+  const std::string planner = (fs::path(g_train).parent_path().parent_path() / "planner" / "planner").string();
+  const fs::path out = tmpdir() / "validate.json", runs = tmpdir() / "validate_runs.jsonl";
+  fs::remove(runs);
+  const std::string cmd = planner + " validate --model test-llama-tiny --gpus 1 --seq 32 --global-batch 4 --top 2 --steps 3 " +
+                          "--precision fp32 --device " + g_device + " --train " + g_train + " --append " + runs.string() +
+                          " --json > " + out.string() + " 2>/dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  REQUIRE(j["validated"].size() == 2);
+  // The runs were appended for a refit: 3 steps per plan, the first a warm-up.
+  std::vector<nlohmann::json> steps;
+  {
+    std::ifstream r(runs);
+    std::string line;
+    while (std::getline(r, line)) steps.push_back(nlohmann::json::parse(line));
+  }
+  REQUIRE(steps.size() == 6);
+  // Recomputed here from the appended records: each plan's measured step is the median
+  // (the mean of the two) of its two timed steps, its tokens/s the global batch's tokens
+  // over it, and the regret is 1 - top / best.
+  std::vector<double> tokens_per_s;
+  for (size_t p = 0; p < 2; ++p) {
+    CAPTURE(p);
+    const auto& v = j["validated"][p];
+    const auto& c = v["config"];
+    const nlohmann::json* timed[2] = {&steps[3 * p + 1], &steps[3 * p + 2]};
+    CHECK(steps[3 * p]["warmup"].get<bool>());
+    for (const auto* t : timed) {
+      CHECK_FALSE((*t)["warmup"].get<bool>());
+      CHECK((*t)["config"]["micro_batch"] == c["micro_batch"]);
+      CHECK((*t)["config"]["gas"] == c["gas"]);
+      CHECK((*t)["config"]["zero_stage"] == c["zero_stage"]);
+    }
+    const double median_s = 0.5 * ((*timed[0])["time_s"]["step"].get<double>() + (*timed[1])["time_s"]["step"].get<double>());
+    const double step_s = v["measured"]["step_s"].get<double>();
+    CHECK(step_s == doctest::Approx(median_s).epsilon(1e-12));
+    const double tokens = c["global_batch"].get<double>() * c["seq_len"].get<double>();
+    CHECK(v["measured"]["tokens_per_s"].get<double>() == doctest::Approx(tokens / median_s).epsilon(1e-12));
+    CHECK(v["step_error_pct"].get<double>() ==
+          doctest::Approx(100.0 * (v["time_s"]["step"].get<double>() / median_s - 1)).epsilon(1e-9));
+    tokens_per_s.push_back(tokens / median_s);
+  }
+  const double best = std::max(tokens_per_s[0], tokens_per_s[1]);
+  CHECK(j["top_plan_regret"].get<double>() == doctest::Approx(1.0 - tokens_per_s[0] / best).epsilon(1e-12));
+  CHECK_FALSE(j["top_plan_failed"].get<bool>());
+}
+
+TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL, and resumes") {
+  const std::string calibrate = (fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate").string();
+  const fs::path list = tmpdir() / "list.txt", out = tmpdir() / "measure";
+  fs::remove_all(out);
+  std::ofstream(list) << "# two configurations\n"
+                      << "test-llama-tiny 1 --stage 0 --precision fp32 --seq 32 --micro-batch 2 --gas 2\n"
+                      << "test-llama-tiny " << g_nproc
+                      << " --stage 3 --offload-optimizer cpu --precision fp32 --seq 32 --micro-batch 2\n";
+  const std::string cmd = calibrate + " measure --list " + list.string() + " --out " + out.string() + " --steps 3 --device " +
+                          g_device + " --train " + g_train + " --micro-flags=--quick 2>" + (tmpdir() / "measure.err").string();
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  auto count = [&] {
+    std::ifstream in(out / "runs.jsonl");
+    int n = 0;
+    std::string line;
+    while (std::getline(in, line)) ++n;
+    return n;
+  };
+  CHECK(count() == 6);
+  // The micro-benchmarks ran first, every kind this device has, on the list's ranks.
+  const auto micro = calibrate::load_micro({out / "micro.jsonl"});
+  std::set<std::string> kinds;
+  for (const auto& r : micro) kinds.insert(calibrate::micro_bench_name(r.bench));
+  std::set<std::string> want = {"gemm", "attention", "cpu_optimizer"};
+  if (g_nproc > 1) want.insert({"all_reduce", "reduce_scatter", "all_gather"});
+  if (g_device == "cuda") want.insert({"h2d", "d2h", "gpu_optimizer"});
+  for (const auto& k : want) {
+    CAPTURE(k);
+    CHECK(kinds.count(k) == 1);
+  }
+  // The step runs are not micro-benchmarks, and the micro lines are not step runs.
+  CHECK(calibrate::load_micro({out / "runs.jsonl"}).empty());
+  CHECK(calibrate::load_runs({out / "micro.jsonl"}, test::data_dir()).empty());
+  // Interrupted or not, a second call measures nothing twice.
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  CHECK(count() == 6);
+  CHECK(calibrate::load_micro({out / "micro.jsonl"}).size() == micro.size());
+  std::ifstream err(tmpdir() / "measure.err");
+  std::ostringstream e;
+  e << err.rdbuf();
+  CHECK(e.str().find("2 skipped") != std::string::npos);
+  CHECK(e.str().find("micro-benchmarks already in") != std::string::npos);
+}
+
+int main(int argc, char** argv) { return stepcast::test::run_tests(argc, argv); }
