@@ -1,7 +1,6 @@
 #include "backend/engine/engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 
@@ -25,6 +24,7 @@ kernels::DType kdtype(torch::ScalarType t) {
 ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runtime& runtime, Collectives& comm)
     : spec_(spec),
       cfg_(options.config),
+      partition_(partitioning_of(options.config.zero_stage)),
       opts_(options),
       rt_(runtime),
       comm_(comm),
@@ -37,19 +37,14 @@ ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runt
     throw InputError("--precision fp16 is not supported by the backend (use bf16 or fp32)");
   work_dtype_ = cfg_.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
   init_parameters();
-  worker_.done_step.assign(units_.size(), 0);
-  if (offload()) worker_.thread = std::thread([this] { worker_loop(); });
+  if (offload())
+    worker_ = std::make_unique<CpuUpdateWorker>(units_.size(), [this](size_t i, const kernels::AdamWArgs& args) {
+      Unit& u = units_[i];
+      update_unit(u, u.staging.data_ptr(), u.upload.data_ptr(), /*on_cpu=*/true, args);
+    });
 }
 
-ZeroEngine::~ZeroEngine() {
-  if (!worker_.thread.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(worker_.mu);
-    worker_.stop = true;
-  }
-  worker_.cv.notify_all();
-  worker_.thread.join();
-}
+ZeroEngine::~ZeroEngine() = default;
 
 torch::TensorOptions ZeroEngine::work_opts() const { return torch::dtype(work_dtype_).device(rt_.device()); }
 
@@ -59,16 +54,15 @@ torch::TensorOptions ZeroEngine::host_opts(torch::ScalarType dtype) const {
 }
 
 int64_t ZeroEngine::opt_offset(const Unit& u) const {
-  return cfg_.zero_stage >= 1 ? rank_ * u.layout->shard_numel() : 0;
+  return partition_.optimizer_states ? rank_ * u.layout->shard_numel() : 0;
 }
 
 int64_t ZeroEngine::opt_numel(const Unit& u) const {
-  return cfg_.zero_stage >= 1 ? u.layout->shard_numel() : u.layout->padded_numel;
+  return partition_.optimizer_states ? u.layout->shard_numel() : u.layout->padded_numel;
 }
 
 void ZeroEngine::init_parameters() {
   const bool fp32 = work_dtype_ == torch::kFloat;
-  const int stage = cfg_.zero_stage;
   units_.resize(layout_.size());
   for (size_t i = 0; i < layout_.size(); ++i) {
     Unit& u = units_[i];
@@ -82,7 +76,7 @@ void ZeroEngine::init_parameters() {
     u.full = torch::empty({padded}, work_opts());
     u.full.copy_(init);
     u.leaves = make_views(*u.layout, u.full, /*requires_grad=*/true);
-    if (stage == 3) {
+    if (partition_.parameters) {
       if (param_offload()) {
         u.shard = torch::empty({shard}, host_opts(work_dtype_));
         u.shard.copy_(own);
@@ -91,7 +85,7 @@ void ZeroEngine::init_parameters() {
       }
       compat::free_storage(u.full);
     }
-    if (stage <= 1) u.full_grad = torch::zeros({padded}, work_opts());
+    if (!partition_.gradients) u.full_grad = torch::zeros({padded}, work_opts());
     // 8-bit AdamW: the shard's part before the unit's small tensors has quantised moments.
     const int64_t n = opt_numel(u);
     u.n8 = cfg_.optimizer == OptimizerKind::kAdamW8bit
@@ -123,15 +117,15 @@ void ZeroEngine::init_parameters() {
         u.master.copy_(own);
       }
       // With GAS > 1, stages 2-3 accumulate the reduced shards on the GPU until the last micro-batch.
-      if (stage >= 2 && cfg_.gas > 1) u.grad_acc = torch::zeros({shard}, work_opts());
+      if (partition_.gradients && cfg_.gas > 1) u.grad_acc = torch::zeros({shard}, work_opts());
     } else {
       if (fp32) {
         // fp32 training: the working copy is the master copy (no duplicate).
-        u.master = stage == 3 ? u.shard : u.full.narrow(0, opt_offset(u), n);
+        u.master = partition_.parameters ? u.shard : u.full.narrow(0, opt_offset(u), n);
       } else {
         u.master = own.clone();
       }
-      if (stage >= 2) u.grad_acc = torch::zeros({shard}, work_opts());
+      if (partition_.gradients) u.grad_acc = torch::zeros({shard}, work_opts());
     }
     u.exp_avg = torch::zeros({n - u.n8}, state(torch::kFloat));
     u.exp_avg_sq = torch::zeros({n - u.n8}, state(torch::kFloat));
@@ -178,7 +172,7 @@ void ZeroEngine::release(size_t i) {
 // --- gradients ----------------------------------------------------------------
 void ZeroEngine::prepare_grads(size_t i) {
   Unit& u = units_[i];
-  if (cfg_.zero_stage >= 2) u.full_grad = torch::zeros({u.layout->padded_numel}, work_opts());
+  if (partition_.gradients) u.full_grad = torch::zeros({u.layout->padded_numel}, work_opts());
   // Gradients accumulate in place into views of the flat gradient buffer.
   for (size_t p = 0; p < u.layout->params.size(); ++p) {
     const ParamSlot& slot = u.layout->params[p];
@@ -196,11 +190,10 @@ void ZeroEngine::drain_pending(size_t keep) {
 
 void ZeroEngine::reduce_unit(size_t i, bool boundary) {
   Unit& u = units_[i];
-  const int stage = cfg_.zero_stage;
   const int64_t shard = u.layout->shard_numel();
-  if (stage <= 1 && !boundary) return;  // accumulate locally
+  if (!partition_.gradients && !boundary) return;  // accumulate locally
   rt_.comm_waits_for_compute();
-  if (stage == 0) {
+  if (!partition_.optimizer_states) {
     comm_.all_reduce_sum(u.full_grad);
     return;
   }
@@ -212,10 +205,10 @@ void ZeroEngine::reduce_unit(size_t i, bool boundary) {
     if (u.grad_acc.defined()) rt_.add_inplace_on_comm(own, u.grad_acc);
     rt_.copy_to_host_on_comm(u.staging, own);
     enqueue_cpu_update(i);
-  } else if (stage >= 2) {
+  } else if (partition_.gradients) {
     rt_.add_inplace_on_comm(u.grad_acc, own);
   }
-  if (stage >= 2) {
+  if (partition_.gradients) {
     pending_.push_back({u.full_grad, rt_.record_comm_event()});
     for (auto& leaf : u.leaves.tensors) leaf.mutable_grad() = torch::Tensor();
     u.full_grad = torch::Tensor();
@@ -258,80 +251,30 @@ void ZeroEngine::update_unit(Unit& u, const void* grad, void* out, bool on_cpu, 
 
 void ZeroEngine::optimizer_step() {
   // Without offload: every unit's shard on the device (the CPU runtime's "device" is the CPU).
-  const int stage = cfg_.zero_stage;
   const bool fp32 = work_dtype_ == torch::kFloat;
   for (Unit& u : units_) {
     const int64_t off = opt_offset(u), n = opt_numel(u);
-    torch::Tensor grad = stage >= 2 ? u.grad_acc : u.full_grad.narrow(0, off, n);
+    torch::Tensor grad = partition_.gradients ? u.grad_acc : u.full_grad.narrow(0, off, n);
     torch::Tensor out;
-    if (!fp32) out = stage == 3 ? u.shard : u.full.narrow(0, off, n);
+    if (!fp32) out = partition_.parameters ? u.shard : u.full.narrow(0, off, n);
     update_unit(u, grad.data_ptr(), out.defined() ? out.data_ptr() : nullptr, !rt_.is_cuda(), step_args_);
   }
 }
 
-// --- the offload pipeline's worker -------------------------------------------------
+// --- the offload pipeline ------------------------------------------------------
 void ZeroEngine::enqueue_cpu_update(size_t i) {
-  Job job{i, step_, step_args_, rt_.comm_host_waiter()};
-  {
-    std::lock_guard<std::mutex> lock(worker_.mu);
-    // Serial offload (DeepSpeed's order) holds the jobs until the whole backward has ended.
-    (cfg_.offload_pipeline ? worker_.queue : worker_.deferred).push_back(std::move(job));
-  }
-  worker_.cv.notify_all();
-}
-
-void ZeroEngine::worker_loop() {
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock<std::mutex> lock(worker_.mu);
-      worker_.cv.wait(lock, [&] { return worker_.stop || !worker_.queue.empty(); });
-      if (worker_.stop) return;
-      job = std::move(worker_.queue.front());
-      worker_.queue.pop_front();
-    }
-    double seconds = 0;
-    try {
-      job.wait();  // the unit's gradient shard has reached the host
-      const auto t0 = std::chrono::steady_clock::now();
-      Unit& u = units_[job.unit];
-      update_unit(u, u.staging.data_ptr(), u.upload.data_ptr(), /*on_cpu=*/true, job.args);  // its own step's arguments
-      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(worker_.mu);
-      if (!worker_.error) worker_.error = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(worker_.mu);
-      worker_.cpu_s[job.step & 1] += seconds;
-      worker_.done_step[job.unit] = job.step;
-    }
-    worker_.cv.notify_all();
-  }
+  // Serial offload (DeepSpeed's order) holds the jobs until the whole backward has ended.
+  worker_->enqueue(i, step_, step_args_, rt_.comm_host_waiter(), /*hold=*/!cfg_.offload_pipeline);
 }
 
 int64_t ZeroEngine::update_step() const { return outstanding_step_ > 0 ? outstanding_step_ : step_; }
 
-void ZeroEngine::wait_cpu_update(size_t u) {
-  const int64_t step = update_step();
-  std::unique_lock<std::mutex> lock(worker_.mu);
-  worker_.cv.wait(lock, [&] { return worker_.error || worker_.done_step[u] >= step; });
-  if (worker_.error) std::rethrow_exception(worker_.error);
-}
-
-bool ZeroEngine::cpu_update_done(size_t u) {
-  const int64_t step = update_step();
-  std::lock_guard<std::mutex> lock(worker_.mu);
-  return worker_.done_step[u] >= step;
-}
-
 void ZeroEngine::upload_unit(size_t i) {
   Unit& u = units_[i];
-  const int stage = cfg_.zero_stage;
   torch::Tensor own;
-  if (stage <= 2) own = u.full.narrow(0, opt_offset(u), opt_numel(u));
-  if (!param_offload()) rt_.copy_to_device_on_comm(stage == 3 ? u.shard : own, u.upload);
-  if (stage <= 2) comm_.all_gather(own, u.full);
+  if (!partition_.parameters) own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+  if (!param_offload()) rt_.copy_to_device_on_comm(partition_.parameters ? u.shard : own, u.upload);
+  if (!partition_.parameters) comm_.all_gather(own, u.full);
   u.upload_event = rt_.record_comm_event();
 }
 
@@ -341,14 +284,13 @@ void ZeroEngine::issue_uploads(size_t need) {
   const size_t n = units_.size();
   while (outstanding_step_ > 0 && upload_next_ < n) {
     const size_t j = upload_next_;
-    if (j > need && !cpu_update_done(j)) break;
-    wait_cpu_update(j);
+    if (j > need && !worker_->done(j, update_step())) break;
+    worker_->wait_done(j, update_step());
     upload_unit(j);
     ++upload_next_;
   }
   if (outstanding_step_ > 0 && upload_next_ == n) {
-    std::lock_guard<std::mutex> lock(worker_.mu);
-    outstanding_cpu_s_ = worker_.cpu_s[outstanding_step_ & 1];
+    outstanding_cpu_s_ = worker_->seconds(outstanding_step_);
     outstanding_step_ = 0;
   }
 }
@@ -361,159 +303,30 @@ void ZeroEngine::finish_updates() {
 }
 
 // --- one step -------------------------------------------------------------------
+// A step is four phases: begin (zero the accumulators, the step's optimizer arguments),
+// each micro-batch's forward and backward (its gradients reduced unit by unit), the
+// optimizer phase (one of three orders, below), and the loss and the timings.
 StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batches) {
   STEPCAST_ASSERT(static_cast<int64_t>(micro_batches.size()) == cfg_.gas);
   ++step_;
-  const int stage = cfg_.zero_stage;
-  const bool ckpt = cfg_.activation_checkpointing;
-  const size_t n_units = units_.size();
-  rt_.reset_markers();
-  const int m_step = rt_.mark();
-  for (Unit& u : units_) {
-    if (stage <= 1) u.full_grad.zero_();
-    if (u.grad_acc.defined()) u.grad_acc.zero_();
-  }
+  StepMarks marks = begin_step();
   torch::Tensor loss_sum = torch::zeros({1}, torch::dtype(torch::kFloat).device(rt_.device()));
-  std::vector<std::pair<int, int>> fwd_waits, bwd_waits;
-  struct MicroMarks {
-    int start, fwd_end, bwd_end, comm_done;
-  };
-  std::vector<MicroMarks> marks;
-  int m_last_micro = m_step;
-  step_args_ = opts_.adamw;
-  step_args_.step = step_;
-  step_args_.grad_scale = 1.0f / static_cast<float>(world_ * cfg_.gas);
-  if (offload()) {
-    std::lock_guard<std::mutex> lock(worker_.mu);
-    worker_.cpu_s[step_ & 1] = 0;  // the previous step may still be adding to its own
-  }
-  // Overlapped offload: the previous step's last updates go up during this step's first forward.
-  const bool awaiting_uploads = outstanding_step_ > 0;
-  std::vector<std::pair<int, int>> upload_waits;
-
   for (int64_t mb = 0; mb < cfg_.gas; ++mb) {
     const bool boundary = mb == cfg_.gas - 1;
     MicroMarks mm{};
     mm.start = rt_.mark();
-    if (boundary) m_last_micro = mm.start;
-    const torch::Tensor& batch = micro_batches[static_cast<size_t>(mb)];
-    const int64_t s = batch.size(1) - 1;
-    const torch::Tensor tokens = batch.narrow(1, 0, s), targets = batch.narrow(1, 1, s);
-
-    // Forward, unit by unit; each unit's input is a leaf so that its backward can run on its own.
-    std::vector<Saved> saved(n_units);
-    torch::Tensor x;
-    for (size_t i = 0; i < n_units; ++i) {
-      if (awaiting_uploads && mb == 0) {
-        const int a = rt_.mark();
-        issue_uploads(i);
-        if (stage <= 2) rt_.compute_waits_for_event(units_[i].upload_event);
-        upload_waits.emplace_back(a, rt_.mark());
-      }
-      if (stage == 3) {
-        gather(i);  // a no-op where prefetched
-        // Prefetch overlaps this unit's forward (once the next unit's update is up).
-        if (i + 1 < n_units && (outstanding_step_ == 0 || i + 1 < upload_next_)) gather(i + 1);
-        wait_gathered(i, fwd_waits);
-      }
-      const UnitLayout& ul = *units_[i].layout;
-      const UnitParams& p = units_[i].leaves;
-      if (ul.kind == UnitKind::kEmbedding) {
-        saved[i].out = model_.embed(p, tokens);
-      } else {
-        saved[i].x_in = x.detach().requires_grad_(true);
-        if (ul.kind == UnitKind::kHead) {
-          saved[i].out = model_.head_loss(p, saved[i].x_in, targets);
-        } else if (ckpt) {
-          torch::NoGradGuard no_grad;
-          saved[i].out = model_.layer(p, saved[i].x_in);
-        } else {
-          saved[i].out = model_.layer(p, saved[i].x_in);
-        }
-      }
-      x = saved[i].out;
-      if (stage == 3 && i + 1 < n_units) release(i);  // the head stays for its backward
-    }
-    loss_sum += saved[n_units - 1].out.detach();
+    if (boundary) marks.last_micro = mm.start;
+    std::vector<Saved> saved = forward(micro_batches[static_cast<size_t>(mb)], mb == 0, marks);
+    loss_sum += saved.back().out.detach();
     mm.fwd_end = rt_.mark();
-
-    // Backward, unit by unit in reverse; each unit's gradients are reduced as soon as they exist.
-    torch::Tensor grad_out;
-    for (size_t k = n_units; k-- > 0;) {
-      if (stage == 3) {
-        if (k > 0) gather(k - 1);
-        gather(k);
-        wait_gathered(k, bwd_waits);
-      }
-      prepare_grads(k);
-      const UnitLayout& ul = *units_[k].layout;
-      Saved& sv = saved[k];
-      if (ul.kind == UnitKind::kHead) {
-        torch::autograd::backward({sv.out});
-      } else if (ul.kind == UnitKind::kLayer && ckpt) {
-        torch::Tensor out = model_.layer(units_[k].leaves, sv.x_in);  // recompute
-        torch::autograd::backward({out}, {grad_out});
-      } else {
-        torch::autograd::backward({sv.out}, {grad_out});
-      }
-      if (sv.x_in.defined()) grad_out = sv.x_in.grad();
-      sv = Saved{};
-      if (stage == 3) release(k);
-      reduce_unit(k, boundary);
-    }
+    backward(saved, boundary, marks);
     mm.bwd_end = rt_.mark();
     rt_.compute_waits_for_comm();
     mm.comm_done = rt_.mark();
     drain_pending(0);
-    marks.push_back(mm);
+    marks.micro.push_back(mm);
   }
-
-  // Optimizer step on this rank's shard, then the parameters come back.
-  const int m_opt = rt_.mark();
-  int m_opt_end = m_opt;
-  if (offload() && cfg_.offload_overlap_forward) {
-    // Return now: the worker's backlog goes in forward order, for the next forward to take.
-    {
-      std::lock_guard<std::mutex> lock(worker_.mu);
-      std::stable_sort(worker_.queue.begin(), worker_.queue.end(),
-                       [](const Job& a, const Job& b) { return a.unit < b.unit; });
-    }
-    outstanding_step_ = step_;
-    upload_next_ = 0;
-  } else if (offload()) {
-    // The worker has been updating units since their gradients reached the host: each one
-    // it finishes goes back up (and is all-gathered) on the communication stream. Serial
-    // offload: the backward has ended; every unit is updated, then every unit goes up.
-    if (!cfg_.offload_pipeline) {
-      {
-        std::lock_guard<std::mutex> lock(worker_.mu);
-        while (!worker_.deferred.empty()) {
-          worker_.queue.push_back(std::move(worker_.deferred.front()));
-          worker_.deferred.pop_front();
-        }
-      }
-      worker_.cv.notify_all();
-    }
-    // In the worker's order (the backward's), on every rank.
-    for (size_t k = n_units; k-- > 0;) {
-      wait_cpu_update(k);
-      upload_unit(k);
-    }
-    m_opt_end = rt_.mark();  // the compute stream reaches it once the last CPU update is done
-    rt_.compute_waits_for_comm();
-  } else {
-    optimizer_step();
-    m_opt_end = rt_.mark();
-    if (stage == 1 || stage == 2) {
-      rt_.comm_waits_for_compute();
-      for (Unit& u : units_) {
-        torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
-        comm_.all_gather(own, u.full);
-      }
-      rt_.compute_waits_for_comm();
-    }
-  }
-  const int m_end = rt_.mark();
+  optimizer_phase(marks);
 
   // The loss, averaged over micro-batches and ranks.
   rt_.comm_waits_for_compute();
@@ -523,13 +336,142 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   StepResult r;
   r.step = step_;
   r.loss = loss_sum.item<double>() / static_cast<double>(cfg_.gas * world_);
+  r.time = step_timing(marks);
+  if (!std::isfinite(r.loss)) throw NonFiniteLossError(step_, r.loss);
+  return r;
+}
 
-  StepTiming& t = r.time;
+ZeroEngine::StepMarks ZeroEngine::begin_step() {
+  rt_.reset_markers();
+  StepMarks marks;
+  marks.step = rt_.mark();
+  marks.last_micro = marks.step;
+  for (Unit& u : units_) {
+    if (!partition_.gradients) u.full_grad.zero_();
+    if (u.grad_acc.defined()) u.grad_acc.zero_();
+  }
+  step_args_ = opts_.adamw;
+  step_args_.step = step_;
+  step_args_.grad_scale = 1.0f / static_cast<float>(world_ * cfg_.gas);
+  if (offload()) worker_->reset_seconds(step_);  // the previous step may still be adding to its own
+  // Overlapped offload: the previous step's last updates go up during this step's first forward.
+  marks.awaiting_uploads = outstanding_step_ > 0;
+  return marks;
+}
+
+// Forward, unit by unit; each unit's input is a leaf so that its backward can run on its own.
+std::vector<ZeroEngine::Saved> ZeroEngine::forward(const torch::Tensor& batch, bool first_micro, StepMarks& marks) {
+  const size_t n_units = units_.size();
+  const int64_t s = batch.size(1) - 1;
+  const torch::Tensor tokens = batch.narrow(1, 0, s), targets = batch.narrow(1, 1, s);
+  std::vector<Saved> saved(n_units);
+  torch::Tensor x;
+  for (size_t i = 0; i < n_units; ++i) {
+    if (marks.awaiting_uploads && first_micro) {
+      const int a = rt_.mark();
+      issue_uploads(i);
+      if (!partition_.parameters) rt_.compute_waits_for_event(units_[i].upload_event);
+      marks.upload_waits.emplace_back(a, rt_.mark());
+    }
+    if (partition_.parameters) {
+      gather(i);  // a no-op where prefetched
+      // Prefetch overlaps this unit's forward (once the next unit's update is up).
+      if (i + 1 < n_units && (outstanding_step_ == 0 || i + 1 < upload_next_)) gather(i + 1);
+      wait_gathered(i, marks.fwd_waits);
+    }
+    const UnitLayout& ul = *units_[i].layout;
+    const UnitParams& p = units_[i].leaves;
+    if (ul.kind == UnitKind::kEmbedding) {
+      saved[i].out = model_.embed(p, tokens);
+    } else {
+      saved[i].x_in = x.detach().requires_grad_(true);
+      if (ul.kind == UnitKind::kHead) {
+        saved[i].out = model_.head_loss(p, saved[i].x_in, targets);
+      } else if (cfg_.activation_checkpointing) {
+        torch::NoGradGuard no_grad;
+        saved[i].out = model_.layer(p, saved[i].x_in);
+      } else {
+        saved[i].out = model_.layer(p, saved[i].x_in);
+      }
+    }
+    x = saved[i].out;
+    if (partition_.parameters && i + 1 < n_units) release(i);  // the head stays for its backward
+  }
+  return saved;
+}
+
+// Backward, unit by unit in reverse; each unit's gradients are reduced as soon as they exist.
+void ZeroEngine::backward(std::vector<Saved>& saved, bool boundary, StepMarks& marks) {
+  torch::Tensor grad_out;
+  for (size_t k = units_.size(); k-- > 0;) {
+    if (partition_.parameters) {
+      if (k > 0) gather(k - 1);
+      gather(k);
+      wait_gathered(k, marks.bwd_waits);
+    }
+    prepare_grads(k);
+    const UnitLayout& ul = *units_[k].layout;
+    Saved& sv = saved[k];
+    if (ul.kind == UnitKind::kHead) {
+      torch::autograd::backward({sv.out});
+    } else if (ul.kind == UnitKind::kLayer && cfg_.activation_checkpointing) {
+      torch::Tensor out = model_.layer(units_[k].leaves, sv.x_in);  // recompute
+      torch::autograd::backward({out}, {grad_out});
+    } else {
+      torch::autograd::backward({sv.out}, {grad_out});
+    }
+    if (sv.x_in.defined()) grad_out = sv.x_in.grad();
+    sv = Saved{};
+    if (partition_.parameters) release(k);
+    reduce_unit(k, boundary);
+  }
+}
+
+// The optimizer step on this rank's shard, then the parameters come back; three orders:
+//  - offload overlapping the next forward: return now, the worker's backlog in forward order;
+//  - offload (pipelined or serial): each unit goes back up as the worker finishes it;
+//  - on the device: the update, then (stages 1-2) the updated shards all-gathered.
+void ZeroEngine::optimizer_phase(StepMarks& marks) {
+  marks.opt = rt_.mark();
+  marks.opt_end = marks.opt;
+  if (offload() && cfg_.offload_overlap_forward) {
+    worker_->sort_queue_by_unit();
+    outstanding_step_ = step_;
+    upload_next_ = 0;
+  } else if (offload()) {
+    // The worker has been updating units since their gradients reached the host: each one it
+    // finishes goes back up (and is all-gathered) on the communication stream. Serial offload:
+    // the backward has ended; every unit is updated, then every unit goes up.
+    if (!cfg_.offload_pipeline) worker_->release_held();
+    for (size_t k = units_.size(); k-- > 0;) {  // in the worker's order (the backward's), on every rank
+      worker_->wait_done(k, step_);
+      upload_unit(k);
+    }
+    marks.opt_end = rt_.mark();  // the compute stream reaches it once the last CPU update is done
+    rt_.compute_waits_for_comm();
+  } else {
+    optimizer_step();
+    marks.opt_end = rt_.mark();
+    if (partition_.optimizer_states && !partition_.parameters) {
+      rt_.comm_waits_for_compute();
+      for (Unit& u : units_) {
+        torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+        comm_.all_gather(own, u.full);
+      }
+      rt_.compute_waits_for_comm();
+    }
+  }
+  marks.end = rt_.mark();
+}
+
+// Seconds of each phase from the step's markers (rank 0's clock; StepTiming says what is exposed).
+StepTiming ZeroEngine::step_timing(const StepMarks& marks) {
+  StepTiming t;
   double fwd_wait = 0, bwd_wait = 0, upload_wait = 0;
-  for (auto [a, b] : fwd_waits) fwd_wait += rt_.elapsed_s(a, b);
-  for (auto [a, b] : upload_waits) upload_wait += rt_.elapsed_s(a, b);
-  for (auto [a, b] : bwd_waits) bwd_wait += rt_.elapsed_s(a, b);
-  for (const MicroMarks& mm : marks) {
+  for (auto [a, b] : marks.fwd_waits) fwd_wait += rt_.elapsed_s(a, b);
+  for (auto [a, b] : marks.upload_waits) upload_wait += rt_.elapsed_s(a, b);
+  for (auto [a, b] : marks.bwd_waits) bwd_wait += rt_.elapsed_s(a, b);
+  for (const MicroMarks& mm : marks.micro) {
     t.forward += rt_.elapsed_s(mm.start, mm.fwd_end);
     t.backward += rt_.elapsed_s(mm.fwd_end, mm.bwd_end);
     // With offload, the last micro-batch's exposed tail also holds the copies to the host.
@@ -538,23 +480,21 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   t.forward -= fwd_wait + upload_wait;
   t.backward -= bwd_wait;
   t.param_gather = fwd_wait + bwd_wait;
-  t.optimizer = rt_.elapsed_s(m_opt, m_opt_end);  // exposed: with offload, what the backward did not hide
+  t.optimizer = rt_.elapsed_s(marks.opt, marks.opt_end);  // exposed: with offload, what the backward did not hide
   if (offload() && cfg_.offload_overlap_forward) {
     // What this step's forward waited for: the previous step's last updates and uploads.
     t.optimizer += upload_wait;
     t.optimizer_cpu = outstanding_cpu_s_;  // the previous step's (this one's is still running)
   } else if (offload()) {
-    t.offload_transfer += rt_.elapsed_s(m_opt_end, m_end);  // the last uploads (and all-gathers)
-    std::lock_guard<std::mutex> lock(worker_.mu);
-    t.optimizer_cpu = worker_.cpu_s[step_ & 1];
+    t.offload_transfer += rt_.elapsed_s(marks.opt_end, marks.end);  // the last uploads (and all-gathers)
+    t.optimizer_cpu = worker_->seconds(step_);
   } else {
-    t.grad_comm += rt_.elapsed_s(m_opt_end, m_end);
+    t.grad_comm += rt_.elapsed_s(marks.opt_end, marks.end);
   }
-  t.step = rt_.elapsed_s(m_step, m_end);
-  t.gas = rt_.elapsed_s(m_step, m_last_micro);
+  t.step = rt_.elapsed_s(marks.step, marks.end);
+  t.gas = rt_.elapsed_s(marks.step, marks.last_micro);
   t.opt = t.step - t.gas;
-  if (!std::isfinite(r.loss)) throw NonFiniteLossError(step_, r.loss);
-  return r;
+  return t;
 }
 
 // --- parameters out, checkpoints -------------------------------------------------
@@ -565,7 +505,7 @@ torch::Tensor ZeroEngine::full_params_fp32() {
     torch::Tensor full = torch::empty({u.layout->padded_numel}, torch::dtype(torch::kFloat).device(rt_.device()));
     torch::Tensor mine = master_fp32(u).to(rt_.device()).to(torch::kFloat).contiguous();
     rt_.comm_waits_for_compute();
-    if (cfg_.zero_stage == 0) {
+    if (!partition_.optimizer_states) {
       full.copy_(mine);
     } else {
       comm_.all_gather(mine, full);
@@ -646,17 +586,16 @@ torch::Tensor ZeroEngine::master_working(const Unit& u) const {
 
 void ZeroEngine::refresh_working_from_master() {
   // After loading master weights: rebuild the working-precision parameters.
-  const int stage = cfg_.zero_stage;
   for (Unit& u : units_) {
     torch::Tensor m = master_working(u).to(rt_.device());
-    if (stage == 3) {
+    if (partition_.parameters) {
       if (u.split && param_offload()) u.shard.narrow(0, u.n8, u.master.numel()).copy_(u.master);  // hi is in place
       else if (u.shard.data_ptr() != u.master.data_ptr()) u.shard.copy_(m);
       continue;
     }
     torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
     if (own.data_ptr() != u.master.data_ptr()) own.copy_(m);
-    if (stage >= 1) {
+    if (partition_.optimizer_states) {
       rt_.comm_waits_for_compute();
       comm_.all_gather(own, u.full);
       rt_.compute_waits_for_comm();

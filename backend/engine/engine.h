@@ -32,24 +32,35 @@
 
 #include <torch/torch.h>
 
-#include <condition_variable>
 #include <deque>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <stdexcept>
+#include <memory>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/comm/collectives.h"
 #include "backend/cuda/kernels.h"
+#include "backend/engine/cpu_update_worker.h"
 #include "backend/engine/layout.h"
-#include "backend/runtime/runtime.h"
 #include "backend/engine/transformer.h"
+#include "backend/runtime/runtime.h"
 #include "model/train_config.h"
 
 namespace stepcast::backend {
+
+// What a ZeRO stage partitions across the data-parallel ranks (Rajbhandari et al.
+// 2020: P_os at stage 1, P_os+g at stage 2, P_os+g+p at stage 3).
+enum class ZeroStage { k0, k1, k2, k3 };
+struct Partitioning {
+  bool optimizer_states = false;  // stages 1-3
+  bool gradients = false;         // stages 2-3
+  bool parameters = false;        // stage 3
+};
+inline Partitioning partitioning_of(ZeroStage stage) {
+  return {stage >= ZeroStage::k1, stage >= ZeroStage::k2, stage == ZeroStage::k3};
+}
+// TrainConfig::zero_stage, validated to 0..3 (validate_config).
+inline Partitioning partitioning_of(int zero_stage) { return partitioning_of(static_cast<ZeroStage>(zero_stage)); }
 
 struct EngineOptions {
   TrainConfig config;
@@ -119,6 +130,16 @@ class ZeroEngine {
   struct Saved {
     torch::Tensor x_in, out;
   };
+  // Runtime markers of one step (Runtime::mark), read back by step_timing.
+  struct MicroMarks {
+    int start = 0, fwd_end = 0, bwd_end = 0, comm_done = 0;
+  };
+  struct StepMarks {
+    int step = 0, last_micro = 0, opt = 0, opt_end = 0, end = 0;
+    std::vector<MicroMarks> micro;
+    std::vector<std::pair<int, int>> fwd_waits, bwd_waits, upload_waits;  // stage-3 gathers, overlapped uploads
+    bool awaiting_uploads = false;  // the previous step's last updates go up during this step's first forward
+  };
   struct Pending {
     torch::Tensor buffer;
     int event;
@@ -144,12 +165,15 @@ class ZeroEngine {
   std::vector<torch::Tensor*> state_tensors(Unit& u);
   torch::Tensor master_fp32(const Unit& u) const;   // the fp32 master shard (host), joined if split
   torch::Tensor master_working(const Unit& u) const;  // it as the working copy (split: hi as it is)
-  // The offload pipeline's worker.
+  // The step's phases (train_step).
+  StepMarks begin_step();
+  std::vector<Saved> forward(const torch::Tensor& batch, bool first_micro, StepMarks& marks);
+  void backward(std::vector<Saved>& saved, bool boundary, StepMarks& marks);
+  void optimizer_phase(StepMarks& marks);
+  StepTiming step_timing(const StepMarks& marks);
+  // The offload pipeline.
   void enqueue_cpu_update(size_t u);
-  void wait_cpu_update(size_t u);  // blocks until unit u's update of the step in flight is done
-  bool cpu_update_done(size_t u);
   int64_t update_step() const;  // the step whose updates the uploads wait for: the outstanding one, else this one
-  void worker_loop();
   void upload_unit(size_t u);  // the updated shard up (stages 1-2: and all-gathered), on the comm stream
   // Overlapped offload: uploads, in forward order, every unit up to `need` (waiting for the
   // worker) and the following ones the worker has already finished.
@@ -158,6 +182,7 @@ class ZeroEngine {
 
   ModelSpec spec_;
   TrainConfig cfg_;
+  Partitioning partition_;
   EngineOptions opts_;
   Runtime& rt_;
   Collectives& comm_;
@@ -166,23 +191,6 @@ class ZeroEngine {
   std::vector<Unit> units_;
   std::deque<Pending> pending_;
   kernels::AdamWArgs step_args_;
-  struct Job {
-    size_t unit;
-    int64_t step;
-    kernels::AdamWArgs args;  // the step's (the next step may begin before the job runs)
-    std::function<void()> wait;  // for its gradient shard on the host
-  };
-  struct Worker {
-    std::thread thread;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<Job> queue;
-    std::deque<Job> deferred;  // serial offload: held until the backward ends
-    std::vector<int64_t> done_step;  // per unit: the last step whose update is done
-    double cpu_s[2] = {0, 0};        // CPU optimizer seconds, by step parity
-    bool stop = false;
-    std::exception_ptr error;
-  } worker_;
   torch::ScalarType work_dtype_;
   int64_t step_ = 0;
   // Overlapped offload: the step whose updates are still going up, and the next unit to upload.
@@ -190,6 +198,7 @@ class ZeroEngine {
   size_t upload_next_ = 0;
   double outstanding_cpu_s_ = 0;
   int rank_, world_;
+  std::unique_ptr<CpuUpdateWorker> worker_;  // with offload; last, so that it stops before the units go
 };
 
 }  // namespace stepcast::backend
