@@ -20,18 +20,18 @@
 #include <sstream>
 
 #ifdef STEPCAST_HAVE_CERES
-#include "common/units.h"
 #include "calibrate/fit.h"
 #endif
+#include "calibrate/measure.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
-#include "common/errors.h"
-#include "common/run_main.h"
-#include "model/prediction.h"
 #include "common/atomic_file.h"
+#include "common/errors.h"
 #include "common/hash.h"
 #include "common/process.h"
-#include "calibrate/measure.h"
+#include "common/run_main.h"
+#include "common/units.h"
+#include "model/prediction.h"
 
 #include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
 
