@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include "doctest_after_glog.h"
 
+#include <ftw.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -91,11 +92,17 @@ inline double rel_error(const torch::Tensor& a, const torch::Tensor& b) {
 
 inline const char* kBase = "--model test-llama-tiny --precision fp32 --seq 32 --micro-batch 2 --steps 3 --lr 1e-3";
 
-// The test program's main: reads the settings, runs doctest, removes the scratch folder and
-// ends the process with _Exit, skipping static destructors: on the GPU machine the CUDA and
-// NCCL libraries this program links (and never initialises: `train` runs on the GPU, not
-// this process) crashed in their own teardown after passing runs. A crash during the run
-// still ends it with the signal.
+// Removes a folder and everything under it. Not std::filesystem::remove_all: on the GPU
+// machine the torch wheel's libtorch.so exports its own copy of that function, the dynamic
+// linker binds this program's call to it, and it jumps to a null pointer on a non-empty
+// folder (seen with cuda-gdb: frame 1 std::filesystem::remove_all in libtorch.so).
+inline void remove_tree(const fs::path& dir) {
+  ::nftw(
+      dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+// The test program's main: reads the settings, runs doctest, removes the scratch folder.
 inline int run_tests(int argc, char** argv) {
   doctest::Context ctx;
   ctx.applyCommandLine(argc, argv);
@@ -107,10 +114,8 @@ inline int run_tests(int argc, char** argv) {
     if (a.rfind("--tol=", 0) == 0) g_tol = std::stod(a.substr(6));
   }
   const int rc = ctx.run();
-  fs::remove_all(tmpdir());
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::_Exit(rc);
+  remove_tree(tmpdir());
+  return rc;
 }
 
 }  // namespace stepcast::test

@@ -173,7 +173,7 @@ TEST_CASE("a checkpoint saved and resumed continues the same loss curve") {
     const fs::path ck = tmpdir() / ("ckpt" + std::to_string(stage));
     fs::remove(straight);
     fs::remove(resumed);
-    fs::remove_all(ck);
+    remove_tree(ck);
     REQUIRE(train(common + " --steps 6 --json-out " + straight.string()) == 0);
     REQUIRE(train(common + " --steps 3 --save " + ck.string() + " --json-out " + resumed.string()) == 0);
     REQUIRE(train(common + " --steps 3 --resume " + ck.string() + " --json-out " + resumed.string()) == 0);
@@ -220,7 +220,7 @@ TEST_CASE("split master weights in training (bf16, 8-bit, CPU offload): fp32-mas
   const fs::path ck = tmpdir() / "split_ckpt";
   fs::remove(straight);
   fs::remove(resumed);
-  fs::remove_all(ck);
+  remove_tree(ck);
   const int rc1 = train(common + " --steps 6 --json-out " + straight.string());
   const int rc2 = train(common + " --steps 3 --save " + ck.string() + " --json-out " + resumed.string());
   const int rc3 = train(common + " --steps 3 --resume " + ck.string() + " --json-out " + resumed.string());

@@ -62,7 +62,7 @@ TEST_CASE("planner validate runs the top plans and reports the regret") {
 TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL, and resumes") {
   const std::string calibrate = (fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate").string();
   const fs::path list = tmpdir() / "list.txt", out = tmpdir() / "measure";
-  fs::remove_all(out);
+  remove_tree(out);
   std::ofstream(list) << "# two configurations\n"
                       << "test-llama-tiny 1 --stage 0 --precision fp32 --seq 32 --micro-batch 2 --gas 2\n"
                       << "test-llama-tiny " << g_nproc
