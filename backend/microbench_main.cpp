@@ -36,6 +36,7 @@
 #include "backend/comm/launcher.h"
 #include "backend/optim/quant8.h"
 #include "backend/runtime/runtime.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "common/run_main.h"
 #include "common/stats.h"
@@ -417,14 +418,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "folder with models/ and hardware/");
   app.add_flag("--quick", f.quick, "small sizes (tests on the CPU)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& h) {
-    return app.exit(h);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "microbench: error: " << e.what() << " (see microbench --help)\n";
-    return 2;
-  }
+  if (const auto status = parse_cli(app, argc, argv, "microbench")) return *status;
   if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
   if (f.repeats < 1) throw InputError("--repeats " + std::to_string(f.repeats) + " must be at least 1");
   if (f.nproc > 1 && std::getenv("RANK") == nullptr) {

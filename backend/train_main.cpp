@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/cli.h"
 #include "common/errors.h"
 #include "common/run_main.h"
 #include "common/units.h"
@@ -304,14 +305,7 @@ int main_impl(int argc, char** argv) {
                "print the model and configuration this run would record (one JSON line) and exit");
   app.add_option("--inject-fault-rank", f.fault_rank, "testing: make this rank die abruptly")->group("");
   app.add_option("--inject-fault-step", f.fault_step, "testing: at this step")->group("");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& h) {
-    return app.exit(h);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "train: error: " << e.what() << " (see train --help)\n";
-    return 2;
-  }
+  if (const auto status = parse_cli(app, argc, argv, "train")) return *status;
   if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
   if (f.dry_run) {
     // What run_rank records, for ranks on one host: --nproc GPUs, one node.

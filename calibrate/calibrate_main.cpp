@@ -26,6 +26,7 @@
 #include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
 #include "common/atomic_file.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "common/hash.h"
 #include "common/process.h"
@@ -469,14 +470,7 @@ int main_impl(int argc, char** argv) {
   measure->add_flag("--no-micro", no_micro, "skip the micro-benchmarks (microbench) before the step runs");
   std::string micro_flags;
   measure->add_option("--micro-flags", micro_flags, "extra flags for microbench (e.g. --quick)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& h) {
-    return app.exit(h);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "calibrate: error: " << e.what() << " (see calibrate --help)\n";
-    return 2;
-  }
+  if (const auto status = parse_cli(app, argc, argv, "calibrate")) return *status;
   if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir, !no_micro, micro_flags);
 #ifdef STEPCAST_HAVE_CERES
   if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json);

@@ -34,6 +34,26 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
   }
 }
 
+namespace {
+
+// Each observation's field, and the values of its steps it is the median of.
+constexpr std::pair<const char*, double RunRecord::*> kMedianFields[] = {
+    {"step", &RunRecord::step_s},
+    {"gas", &RunRecord::gas_s},
+    {"opt", &RunRecord::opt_s},
+    {"forward", &RunRecord::forward_s},
+    {"backward", &RunRecord::backward_s},
+    {"grad_comm", &RunRecord::grad_comm_s},
+    {"param_gather", &RunRecord::param_gather_s},
+    {"offload_transfer", &RunRecord::offload_transfer_s},
+    {"optimizer", &RunRecord::optimizer_s},
+    {"optimizer_total", &RunRecord::optimizer_total_s},
+    {"mem", &RunRecord::gpu_peak_reserved_bytes},
+    {"tps", &RunRecord::tokens_per_s},
+};
+
+}  // namespace
+
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir) {
   struct Acc {
@@ -81,18 +101,7 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
   for (const auto& key : order) {
     Acc& a = groups[key];
     RunRecord r = a.rec;
-    r.step_s = median(a.values["step"]);
-    r.gas_s = median(a.values["gas"]);
-    r.opt_s = median(a.values["opt"]);
-    r.forward_s = median(a.values["forward"]);
-    r.backward_s = median(a.values["backward"]);
-    r.grad_comm_s = median(a.values["grad_comm"]);
-    r.param_gather_s = median(a.values["param_gather"]);
-    r.offload_transfer_s = median(a.values["offload_transfer"]);
-    r.optimizer_s = median(a.values["optimizer"]);
-    r.optimizer_total_s = median(a.values["optimizer_total"]);
-    r.gpu_peak_reserved_bytes = median(a.values["mem"]);
-    r.tokens_per_s = median(a.values["tps"]);
+    for (const auto& [name, member] : kMedianFields) r.*member = median(a.values[name]);
     out.push_back(r);
   }
   return out;

@@ -225,6 +225,25 @@ class JsonReader {
   std::string origin_;
 };
 
+// The sizes of a multi-head (not grouped-query) family under its own config.json keys.
+struct SizeKeys {
+  const char* hidden;
+  const char* layers;
+  const char* heads;
+  const char* inner;
+  bool inner_defaults_to_4h;  // an absent `inner` means 4 x hidden (GPT-2, GPT-J, GPT-NeoX)
+};
+
+void read_mha_sizes(const JsonReader& r, const SizeKeys& k, ModelSpec& m) {
+  m.hidden_size = r.integer(k.hidden);
+  m.num_layers = r.integer(k.layers);
+  m.num_heads = r.integer(k.heads);
+  m.num_kv_heads = m.num_heads;
+  m.head_dim = m.hidden_size / m.num_heads;
+  m.intermediate_size = k.inner_defaults_to_4h ? r.integer_or(k.inner, 4 * m.hidden_size) : r.integer(k.inner);
+  m.vocab_size = r.integer("vocab_size");
+}
+
 }  // namespace
 
 ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
@@ -271,13 +290,7 @@ ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
     m.norm_eps = r.number_or("rms_norm_eps", 1e-6);
     m.rope_theta = r.number_or("rope_theta", 10000.0);
   } else if (t == "gptj") {
-    m.hidden_size = r.integer("n_embd");
-    m.num_layers = r.integer("n_layer");
-    m.num_heads = r.integer("n_head");
-    m.num_kv_heads = m.num_heads;
-    m.head_dim = m.hidden_size / m.num_heads;
-    m.intermediate_size = r.integer_or("n_inner", 4 * m.hidden_size);
-    m.vocab_size = r.integer("vocab_size");
+    read_mha_sizes(r, {"n_embd", "n_layer", "n_head", "n_inner", true}, m);
     m.max_position_embeddings = r.integer_or("n_positions", 0, 0);
     m.norm = NormKind::kLayer;
     m.norms_per_layer = 1;  // ln_1 feeds both attention and MLP
@@ -288,13 +301,7 @@ ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
     m.rotary_dim = r.integer_or("rotary_dim", m.head_dim, 0);
     m.norm_eps = r.number_or("layer_norm_epsilon", 1e-5);
   } else if (t == "gpt_neox") {
-    m.hidden_size = r.integer("hidden_size");
-    m.num_layers = r.integer("num_hidden_layers");
-    m.num_heads = r.integer("num_attention_heads");
-    m.num_kv_heads = m.num_heads;
-    m.head_dim = m.hidden_size / m.num_heads;
-    m.intermediate_size = r.integer_or("intermediate_size", 4 * m.hidden_size);
-    m.vocab_size = r.integer("vocab_size");
+    read_mha_sizes(r, {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", true}, m);
     m.max_position_embeddings = r.integer_or("max_position_embeddings", 0, 0);
     m.norm = NormKind::kLayer;
     m.qkv_bias = r.boolean_or("attention_bias", true);
@@ -307,13 +314,7 @@ ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
     m.norm_eps = r.number_or("layer_norm_eps", 1e-5);
     m.rope_theta = r.number_or("rotary_emb_base", 10000.0);
   } else if (t == "gpt2") {
-    m.hidden_size = r.integer("n_embd");
-    m.num_layers = r.integer("n_layer");
-    m.num_heads = r.integer("n_head");
-    m.num_kv_heads = m.num_heads;
-    m.head_dim = m.hidden_size / m.num_heads;
-    m.intermediate_size = r.integer_or("n_inner", 4 * m.hidden_size);
-    m.vocab_size = r.integer("vocab_size");
+    read_mha_sizes(r, {"n_embd", "n_layer", "n_head", "n_inner", true}, m);
     m.max_position_embeddings = r.integer_or("n_positions", 1024);
     m.learned_position_embeddings = m.max_position_embeddings;
     m.norm = NormKind::kLayer;
@@ -321,13 +322,7 @@ ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
     m.tied_embeddings = r.boolean_or("tie_word_embeddings", true);
     m.norm_eps = r.number_or("layer_norm_epsilon", 1e-5);
   } else if (t == "opt") {
-    m.hidden_size = r.integer("hidden_size");
-    m.num_layers = r.integer("num_hidden_layers");
-    m.num_heads = r.integer("num_attention_heads");
-    m.num_kv_heads = m.num_heads;
-    m.head_dim = m.hidden_size / m.num_heads;
-    m.intermediate_size = r.integer("ffn_dim");
-    m.vocab_size = r.integer("vocab_size");
+    read_mha_sizes(r, {"hidden_size", "num_hidden_layers", "num_attention_heads", "ffn_dim", false}, m);
     m.max_position_embeddings = r.integer_or("max_position_embeddings", 2048);
     m.learned_position_embeddings = m.max_position_embeddings + 2;  // OPT's offset of 2
     m.word_embed_proj_dim = r.integer_or("word_embed_proj_dim", m.hidden_size);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "common/cli.h"
 #include "common/errors.h"
 #include "common/run_main.h"
 #include "common/atomic_file.h"
@@ -27,12 +28,6 @@
 namespace stepcast {
 namespace {
 
-
-std::string fmt_double(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
 
 // The best-ranked plan with CPU optimizer offload, if any fits.
 const Prediction* best_offload(const SearchResult& res) {
@@ -260,10 +255,10 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     if (const Prediction* off = best_offload(res)) {
       std::cout << "\nWhat each lever would buy the best offload plan (" << family_name(off->config) << ", micro-batch "
                 << off->config.micro_batch << ", GAS " << off->config.gas << ": "
-                << fmt_double("%.0f", off->throughput.tokens_per_s) << " tokens/s)\n";
+                << fmt("%.0f", off->throughput.tokens_per_s) << " tokens/s)\n";
       for (const Lever& l : offload_levers(req, *off))
-        std::cout << "  " << l.name << ": " << fmt_double("%+.0f", 100.0 * l.gain_frac) << " % tokens/s ("
-                  << fmt_double("%.0f", l.result.throughput.tokens_per_s) << ")"
+        std::cout << "  " << l.name << ": " << fmt("%+.0f", 100.0 * l.gain_frac) << " % tokens/s ("
+                  << fmt("%.0f", l.result.throughput.tokens_per_s) << ")"
                   << (l.result.fits ? "" : ", does not fit: " + l.result.reason) << "\n";
     }
     for (const auto& n : res.notes) std::cout << "note: " << n << "\n";
@@ -422,7 +417,7 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
     for (size_t i = 0; i < out.size(); ++i) {
       const auto& m = out[i];
       const std::string label = family_name(m.plan->config) + (m.plan->config.activation_checkpointing ? " + ckpt" : "");
-      const std::string err = m.step_s > 0 ? fmt_double("%+8.1f", 100.0 * (m.plan->time.step / m.step_s - 1)) : "     n/a";
+      const std::string err = m.step_s > 0 ? fmt("%+8.1f", 100.0 * (m.plan->time.step / m.step_s - 1)) : "     n/a";
       std::printf("%-2zu %-48s %6lld %4lld %10.3f %10.3f %8s %12.0f %12.0f%s\n", i + 1, label.c_str(),
                   static_cast<long long>(m.plan->config.micro_batch), static_cast<long long>(m.plan->config.gas),
                   m.plan->time.step, m.step_s, err.c_str(), m.plan->throughput.tokens_per_s, m.tokens_per_s,
@@ -561,16 +556,7 @@ int main_impl(int argc, char** argv) {
   hardware->add_flag("--json", list_json, "print JSON");
   hardware->add_option("--data-dir", list_dir, "folder with models/ and hardware/");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& help) {
-    return app.exit(help);
-  } catch (const CLI::CallForAllHelp& help) {
-    return app.exit(help);
-  } catch (const CLI::ParseError& err) {
-    std::cerr << "planner: error: " << err.what() << " (see planner --help)\n";
-    return 2;
-  }
+  if (const auto status = parse_cli(app, argc, argv, "planner")) return *status;
   if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload, engine, rec_pipeline);
   if (exp->parsed()) return run_explain(exp_opts, e);
   if (val->parsed()) return run_validate(val_opts, val_global_batch, val_optimizers, vo);

@@ -11,12 +11,6 @@ namespace stepcast {
 namespace {
 
 
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
 std::string with_commas(int64_t v) {
   std::string s = std::to_string(v);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
@@ -53,6 +47,12 @@ class Table {
 };
 
 }  // namespace
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
 
 std::string format_gib(double bytes) { return fmt("%.1f", bytes / kBytesPerGiB); }
 

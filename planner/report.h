@@ -28,6 +28,8 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx);
 // Header line: model, parameters, hardware, calibration status.
 std::string context_line(const Prediction& any, const ReportContext& ctx);
 
+// One number by a printf format ("%.1f"), as the tables print it.
+std::string fmt(const char* format, double v);
 std::string format_gib(double bytes);
 
 }  // namespace stepcast

@@ -1,0 +1,30 @@
+// The command line of every Stepcast program (CLI11): parse_cli parses argv
+// into `app`; --help prints the help and ends with status 0, and a command line
+// that does not parse ends with one line on stderr and status 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <optional>
+
+#include "common/errors.h"
+
+namespace stepcast {
+
+// std::nullopt: parsed, run the program. A value: the exit status to end with now.
+inline std::optional<int> parse_cli(CLI::App& app, int argc, char** argv, const char* tool) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForAllHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::ParseError& err) {
+    std::fprintf(stderr, "%s: error: %s (see %s --help)\n", tool, err.what(), tool);
+    return kExitBadInput;
+  }
+  return std::nullopt;
+}
+
+}  // namespace stepcast
