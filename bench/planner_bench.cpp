@@ -3,7 +3,7 @@
 // catalog and profile, searching, ranking). Prints medians over repeats with
 // their spread, and ratios against the goals of issue "Planner v1" (10^6
 // evaluations/s; a recommend well under 100 ms). For scale: Calculon, the
-// nearest analytic tool, evaluates ~300 configurations/s (REFERENCE.md s.5).
+// nearest analytic tool, evaluates ~300 configurations/s (Isaev et al., "Calculon", SC 2023).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

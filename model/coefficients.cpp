@@ -2,8 +2,8 @@
 
 namespace stepcast {
 
-// Defaults are first estimates from the H200 measurements in the project's
-// REFERENCE.md section 6 (derivations inline); `calibrate fit` replaces them.
+// Defaults are first estimates from the H200 measurements in
+// docs/h200_measurements.md (derivations inline); `calibrate fit` replaces them.
 static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // 790 TFLOP/s measured for a bf16 8192^3 GEMM / 989 TFLOP/s datasheet = 0.80
     // is the ceiling; training shapes (e.g. 11008 columns) reach less: 0.75.
@@ -23,7 +23,7 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "backward time over twice the forward time of the same work"},
     // Uncalibrated default chosen so that llama-2-7b on 2 x H200 (micro-batch
     // 4, GAS 4, seq 2048, bf16) predicts about the 20,100 tokens/s (43 % MFU)
-    // that PyTorch FSDP2 reached there (REFERENCE.md section 6).
+    // that PyTorch FSDP2 reached there (docs/h200_measurements.md).
     // FlashAttention-2's backward runs 2.5x its forward FLOPs at a lower efficiency
     // than its forward, and reaches it at longer sequences (Dao 2023, figures 5-6).
     // Defaults: the forward's values; the micro-benchmarks measure both.

@@ -20,7 +20,7 @@ constexpr double k8bitStateBytes = 2.0 + 2.0 * 4.0 / k8bitBlock;
 
 }  // namespace
 
-// Memory traffic of one AdamW update, per parameter (REFERENCE.md section 4):
+// Memory traffic of one AdamW update, per parameter (DRAM-bound on the CPU; docs/h200_measurements.md):
 // read master, m, v and the gradient; write master, m, v; plus the 16-bit copy
 // of the updated parameter when training in mixed precision. On the CPU the
 // gradient is read as it came down (working precision, no host accumulator)
@@ -224,8 +224,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
 
   f.world_size = n;
   f.tokens_per_micro = tokens;
-  // Kaplan et al.: 6 N FLOPs per token for forward + backward, plus causal
-  // attention 6 L d_attn s (REFERENCE.md section 4).
+  // model/metrics.h: 6 N (Kaplan et al. 2020) plus causal attention 6 L d_attn s.
   f.model_flops_per_token = model_flops_per_token(params, L, spec.q_dim(), s);
 
   // --- memory ------------------------------------------------------------------

@@ -48,7 +48,8 @@ LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
 
   nlohmann::json zero = {{"stage", c.zero_stage}};
   if (c.zero_stage > 0) {
-    // Hugging Face's "auto" bucket sizes, written out (REFERENCE.md section 3).
+    // Hugging Face's "auto" bucket sizes, written out (transformers, integrations/deepspeed.py:
+    // reduce_bucket_size h^2, stage3_prefetch_bucket_size 0.9 h^2, stage3_param_persistence_threshold 10 h).
     const double h = static_cast<double>(model.hidden_size);
     const auto bucket = static_cast<int64_t>(bucket_elems(model));
     zero["overlap_comm"] = true;

@@ -1,5 +1,5 @@
 // Writers of runnable launcher configurations for a plan: a DeepSpeed JSON
-// (keys as in DeepSpeed's config documentation, REFERENCE.md section 3) and an
+// (keys as in DeepSpeed's config documentation, deepspeed.ai/docs/config-json) and an
 // Accelerate YAML that points at it.
 #pragma once
 

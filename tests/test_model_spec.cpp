@@ -9,7 +9,7 @@ using namespace stepcast;
 using stepcast::test::model;
 
 TEST_CASE("catalog parameter counts equal the Hugging Face implementations") {
-  // REFERENCE.md section 2: counted on the meta device from the HF classes.
+  // Counted on the meta device from the Hugging Face transformers classes (sum of numel).
   CHECK(model("llama-2-7b").total_params() == 6'738'415'616);
   CHECK(model("llama-2-13b").total_params() == 13'015'864'320);
   CHECK(model("llama-3-8b").total_params() == 8'030'261'248);

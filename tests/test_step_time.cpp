@@ -1,5 +1,5 @@
 // The step-time model against hand derivations, the nccl-tests measurements
-// of REFERENCE.md section 6, and properties.
+// of docs/h200_measurements.md, and properties.
 #include <doctest/doctest.h>
 
 #include "model/prediction.h"
@@ -62,7 +62,7 @@ TEST_CASE("forward GEMM FLOPs are 2 x tokens x matrix parameters") {
 }
 
 TEST_CASE("MFU numerator: 6N + 6 L d s per token reproduces the FSDP reference's 43 %") {
-  // REFERENCE.md s.6: FSDP2, llama-2-7b, 2 x H200, 20,100 tokens/s, 43 % MFU
+  // docs/h200_measurements.md: FSDP2, llama-2-7b, 2 x H200, 20,100 tokens/s, 43 % MFU
   // against the 989.4 TFLOP/s dense bf16 peak.
   Features f = make_features(model("llama-2-7b"), hardware("h200-sxm"), config(3, 2, 4, 4));
   const double mfu = 20100.0 * f.step.model_flops_per_token / (2.0 * 989.4e12);
@@ -93,7 +93,7 @@ TEST_CASE("ideal coefficients: step time is FLOPs over peak, by hand") {
 }
 
 TEST_CASE("collectives: all-reduce bus bandwidth matches nccl-tests on 2 x H200 (NV18)") {
-  // REFERENCE.md s.6 measured busbw with nccl-tests: 246 GB/s at 64 MB, 325 at 1 GiB
+  // docs/h200_measurements.md: busbw measured with nccl-tests: 246 GB/s at 64 MB, 325 at 1 GiB
   // (all-reduce); 258 / 263 at 1 GiB (reduce-scatter / all-gather). At 4 MB it lists
   // 71 GB/s, but Stepcast's own all-reduce of 4 MiB took 34.3 us on the calibration
   // host (data/runs/h200-sxm/2026-11-30_calibration_v2_micro.jsonl): 4194304 / 34.3e-6

@@ -123,7 +123,7 @@ AVX512 inline __m512i load_codes(const uint8_t* q) {
 // The AVX-512 body is written for few vector operations per element: on 16
 // threads of the one-GPU H200 host's Xeon it was bound by the vector ports
 // (pass 1 alone ran at the DRAM bound, pass 2 alone at twice the speed of
-// both; session 6 in docs/backend_v2_results.md); with the encoder below it
+// both: docs/backend_v2_results.md); with the encoder below it
 // runs at 80-85 % of the bandwidth bound. Both directions
 // of the map are table lookups in registers, the tables carry the block's
 // scale, and the reciprocal square root and reciprocal are the 14-bit
