@@ -262,16 +262,4 @@ Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::
   return out;
 }
 
-double step_time_std_s(const Features& f, const CoefVector& coefs, const std::vector<std::vector<double>>& cov) {
-  if (cov.size() != static_cast<size_t>(kNumCoefs)) return 0.0;
-  using Jet = ceres::Jet<double, kNumCoefs>;
-  std::array<Jet, kNumCoefs> jets;
-  for (int i = 0; i < kNumCoefs; ++i) jets[i] = Jet(coefs[i], i);
-  const Jet step = predict_step_time(f.step, jets.data()).step;
-  double var = 0;
-  for (int i = 0; i < kNumCoefs; ++i)
-    for (int j = 0; j < kNumCoefs; ++j) var += step.v[i] * cov[i][j] * step.v[j];
-  return std::sqrt(std::max(0.0, var));
-}
-
 }  // namespace stepcast::calibrate

@@ -98,8 +98,4 @@ struct Calibration {
 Calibration calibrate_two_stage(const std::vector<Observation>& observations, const std::vector<MicroRecord>& micro,
                                 const HardwareProfile& hw, FitOptions options = {});
 
-// Standard deviation of the predicted step time from the coefficient
-// covariance (first-order propagation with the Jet gradient).
-double step_time_std_s(const Features& f, const CoefVector& coefs, const std::vector<std::vector<double>>& cov);
-
 }  // namespace stepcast::calibrate

@@ -7,6 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "common/errors.h"
 #include "backend/cuda/check.h"
 #include "backend/comm/collectives.h"
 
@@ -19,7 +20,7 @@ ncclDataType_t nccl_type(const torch::Tensor& t) {
     case torch::kFloat: return ncclFloat32;
     case torch::kBFloat16: return ncclBfloat16;
     case torch::kHalf: return ncclFloat16;
-    default: throw std::runtime_error("NCCL: unsupported dtype");
+    default: throw InternalError("NCCL: unsupported dtype");
   }
 }
 

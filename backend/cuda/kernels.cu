@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/errors.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/optim/quant8.h"
@@ -265,7 +266,7 @@ void adamw8bit(float* master, uint8_t* qm, uint8_t* qv, float* am, float* av, co
   static_assert(kBlockValues == quant8::kBlock, "one CUDA block per quantisation block");
   auto s = static_cast<cudaStream_t>(stream);
   if (smap.bits != kQ8SignedBits || umap.bits != kQ8UnsignedBits)
-    throw std::logic_error("adamw8bit: the kernel is compiled for 7-bit signed and 8-bit unsigned maps");
+    throw InternalError("adamw8bit: the kernel is compiled for 7-bit signed and 8-bit unsigned maps");
   const Quant8Map maps[2] = {smap, umap};
   CUDA_CHECK(cudaMemcpyToSymbolAsync(c_q8_maps, maps, sizeof maps, 0, cudaMemcpyHostToDevice, s));
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));

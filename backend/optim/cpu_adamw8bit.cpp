@@ -151,7 +151,7 @@ DecodeTable decode_table(const quant8::Map& m, int shift) {
   bool used[16] = {true};
   for (int level = 0; level < m.bits; ++level) {
     const int slot = (31 - shift - level) & 15;
-    if (used[slot]) throw std::logic_error("quant8: two levels share a decode slot");
+    if (used[slot]) throw InternalError("quant8: two levels share a decode slot");
     used[slot] = true;
     // Level 0 is one point; the others are lines through their evenly spaced points.
     t.slope[slot] = level == 0 ? 0.0f : std::ldexp(m.step[level], -shift);
@@ -162,7 +162,7 @@ DecodeTable decode_table(const quant8::Map& m, int shift) {
     const float f = std::ldexp(static_cast<float>(c), shift);
     const float value = std::fma(f, t.slope[slot], t.intercept[slot]);
     const float point = quant8::decode_magnitude(m, static_cast<uint8_t>(c));
-    if (std::fabs(value - point) > 1e-6f * point) throw std::logic_error("quant8: a decode line misses its point");
+    if (std::fabs(value - point) > 1e-6f * point) throw InternalError("quant8: a decode line misses its point");
   }
   return t;
 }
@@ -217,8 +217,8 @@ EncodeLines encode_lines(const quant8::Map& m, bool positive) {
   // The unsigned map gives a positive y at least code 1 (quant8.h): the smallest point.
   e.floor = positive ? m.first[0] : 0x1p-28f;
   for (int level = 0; level + 2 < m.bits; ++level)  // a decade apart: at most one per two binades
-    if (e.bp[level + 1] < 4.0f * e.bp[level]) throw std::logic_error("quant8: two encoder switches within two binades");
-  if (e.floor >= 0.5f * m.first[0] && !positive) throw std::logic_error("quant8: the encoder's floor is not below code 1");
+    if (e.bp[level + 1] < 4.0f * e.bp[level]) throw InternalError("quant8: two encoder switches within two binades");
+  if (e.floor >= 0.5f * m.first[0] && !positive) throw InternalError("quant8: the encoder's floor is not below code 1");
   return e;
 }
 

@@ -158,9 +158,9 @@ std::vector<LogicalCpu> allowed_cpus() {
 }
 
 std::vector<int> rank_cpus(const std::vector<LogicalCpu>& cpus, int local_rank, int local_world) {
-  if (cpus.empty()) throw std::invalid_argument("rank_cpus: no CPUs");
+  if (cpus.empty()) throw InternalError("rank_cpus: no CPUs");
   if (local_world < 1 || local_rank < 0 || local_rank >= local_world)
-    throw std::invalid_argument("rank_cpus: rank " + std::to_string(local_rank) + " of " +
+    throw InternalError("rank_cpus: rank " + std::to_string(local_rank) + " of " +
                                 std::to_string(local_world));
   const auto cores = cores_of(cpus);
   const int64_t p = static_cast<int64_t>(cores.size());
@@ -183,7 +183,7 @@ int physical_cores(const std::vector<LogicalCpu>& cpus, const std::vector<int>& 
 }
 
 void bind_cpus(const std::vector<int>& ids, bool bind) {
-  if (ids.empty()) throw std::invalid_argument("bind_cpus: no CPUs");
+  if (ids.empty()) throw InternalError("bind_cpus: no CPUs");
   if (bind) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -217,7 +217,7 @@ std::string cpu_list_string(std::vector<int> ids) {
 }
 
 void run_on_cores(int threads, const std::function<void(int)>& fn) {
-  if (threads < 1) throw std::invalid_argument("run_on_cores: " + std::to_string(threads) + " threads");
+  if (threads < 1) throw InternalError("run_on_cores: " + std::to_string(threads) + " threads");
   pool().run(threads, fn);
 }
 

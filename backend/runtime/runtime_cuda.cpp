@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/errors.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/runtime/runtime.h"
@@ -24,7 +25,7 @@ namespace {
 kernels::DType dtype_of(const torch::Tensor& t) {
   if (t.scalar_type() == torch::kFloat) return kernels::DType::kFloat32;
   if (t.scalar_type() == torch::kBFloat16) return kernels::DType::kBFloat16;
-  throw std::runtime_error("unsupported dtype for the engine's kernels");
+  throw InternalError("unsupported dtype for the engine's kernels");
 }
 
 class CudaRuntime final : public Runtime {
