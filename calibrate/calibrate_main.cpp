@@ -193,43 +193,23 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
 
-  std::ostringstream sec;
-  sec.precision(9);
-  sec << "[coefficients]\ncalibrated = true\n";
-  sec << "model_error_frac = " << fit.model_error_frac << "\n";
+  CalibratedCoefficients cc;
+  cc.values = fit.coefs;
+  cc.std_errors = fit.std_errors;
+  cc.model_error_frac = fit.model_error_frac;
+  if (fit.covariance_ok) {
+    cc.free = fo.free;
+    cc.covariance = fit.covariance;
+  }
   // The planner flags plans whose micro-batch x sequence lies beyond the fitted runs.
-  double max_micro_tokens = 0;
   for (const auto& r : runs)
     if (!is_holdout(r.key, holdout_frac, seed))
-      max_micro_tokens = std::max(max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
-  sec << "max_micro_tokens = " << max_micro_tokens << "\n";
-  sec << "source = \"calibrate fit " << date << ", git " << STEPCAST_GIT_COMMIT << ", runs fnv1a64:" << fnv1a64_hex(all)
-      << " (" << obs.size() << " fitted, " << held << " held out, seed " << seed << "; " << micro.size()
-      << " micro-benchmarks in the component fit); " << fit.summary << "\"\n";
-  for (const auto& info : coef_table()) sec << info.name << " = " << fit.coefs[info.id] << "\n";
-  sec << "\n[coefficients.std_errors]\n";
-  for (const auto& info : coef_table())
-    if (fit.std_errors[info.id] > 0) sec << info.name << " = " << fit.std_errors[info.id] << "\n";
-  if (fit.covariance_ok) {
-    sec << "\n[coefficients.covariance]\nnames = [";
-    bool first = true;
-    for (Coef c : fo.free) {
-      sec << (first ? "" : ", ") << '"' << coef_table()[c].name << '"';
-      first = false;
-    }
-    sec << "]\nvalues = [\n";
-    for (Coef a : fo.free) {
-      sec << "  [";
-      for (size_t j = 0; j < fo.free.size(); ++j) sec << (j ? ", " : "") << fit.covariance[a][fo.free[j]];
-      sec << "],\n";
-    }
-    sec << "]\n";
-  }
-  // The calibrated profile: the original with its [coefficients] section replaced.
-  std::string text = read_text(hw.path);
-  const size_t at = text.find("\n[coefficients]");
-  if (at != std::string::npos) text = text.substr(0, at + 1);
-  text += sec.str();
+      cc.max_micro_tokens = std::max(cc.max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
+  cc.source = "calibrate fit " + std::string(date) + ", git " + STEPCAST_GIT_COMMIT + ", runs fnv1a64:" +
+              fnv1a64_hex(all) + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
+              " held out, seed " + std::to_string(seed) + "; " + std::to_string(micro.size()) +
+              " micro-benchmarks in the component fit); " + fit.summary;
+  const std::string text = with_calibrated_coefficients(read_text(hw.path), cc);
   const std::string target = out_path.empty() ? hw.path : out_path;
   parse_hardware_profile(text, target);  // what we write must read back
   write_file_atomic(target, text);

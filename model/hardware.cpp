@@ -203,6 +203,34 @@ HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_d
   throw InputError("unknown hardware '" + name + "' (known: " + known + ")");
 }
 
+std::string with_calibrated_coefficients(const std::string& profile_text, const CalibratedCoefficients& c) {
+  std::ostringstream sec;
+  sec.precision(9);
+  sec << "[coefficients]\ncalibrated = true\n";
+  sec << "model_error_frac = " << c.model_error_frac << "\n";
+  sec << "max_micro_tokens = " << c.max_micro_tokens << "\n";
+  sec << "source = \"" << c.source << "\"\n";
+  for (const auto& info : coef_table()) sec << info.name << " = " << c.values[info.id] << "\n";
+  sec << "\n[coefficients.std_errors]\n";
+  for (const auto& info : coef_table())
+    if (c.std_errors[info.id] > 0) sec << info.name << " = " << c.std_errors[info.id] << "\n";
+  if (!c.covariance.empty()) {
+    sec << "\n[coefficients.covariance]\nnames = [";
+    for (size_t i = 0; i < c.free.size(); ++i) sec << (i ? ", " : "") << '"' << coef_table()[c.free[i]].name << '"';
+    sec << "]\nvalues = [\n";
+    for (Coef a : c.free) {
+      sec << "  [";
+      for (size_t j = 0; j < c.free.size(); ++j) sec << (j ? ", " : "") << c.covariance[a][c.free[j]];
+      sec << "],\n";
+    }
+    sec << "]\n";
+  }
+  std::string text = profile_text;
+  const size_t at = text.find("\n[coefficients]");
+  if (at != std::string::npos) text = text.substr(0, at + 1);
+  return text + sec.str();
+}
+
 bool beyond_calibration(const HardwareProfile& hw, int64_t micro_batch, int64_t seq_len) {
   return hw.coefs_calibrated && hw.max_micro_tokens > 0 &&
          static_cast<double>(micro_batch) * static_cast<double>(seq_len) > hw.max_micro_tokens;

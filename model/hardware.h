@@ -66,6 +66,21 @@ struct HardwareProfile {
 
 HardwareProfile parse_hardware_profile(const std::string& toml_text, const std::string& origin);
 
+// What a fit writes into a profile's [coefficients] section (read back by parse_hardware_profile).
+struct CalibratedCoefficients {
+  CoefVector values;
+  std::vector<double> std_errors;   // kNumCoefs; 0: not written
+  std::vector<Coef> free;           // the fitted coefficients, in the covariance's order
+  std::vector<std::vector<double>> covariance;  // kNumCoefs x kNumCoefs; empty: not written
+  double model_error_frac = 0;
+  double max_micro_tokens = 0;
+  std::string source;               // provenance: date, commit, data hash, solver summary
+};
+
+// The profile text with its [coefficients] section (and all after it) replaced by `c`,
+// marked calibrated. The writer of the section parse_hardware_profile reads.
+std::string with_calibrated_coefficients(const std::string& profile_text, const CalibratedCoefficients& c);
+
 // True when a configuration's micro-batch x sequence lies beyond the fitted runs
 // of a calibrated profile: its time and memory are extrapolated.
 bool beyond_calibration(const HardwareProfile& hw, int64_t micro_batch, int64_t seq_len);

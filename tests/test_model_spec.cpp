@@ -2,6 +2,9 @@
 // cards and config.json files.
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "common/errors.h"
 #include "test_util.h"
 
@@ -156,4 +159,38 @@ TEST_CASE("bad model input names file, key and value") {
   m = message([] { parse_hf_config(R"({"model_type":"llama","hidden_size":4096,"intermediate_size":1,
      "num_hidden_layers":1,"num_attention_heads":32,"num_key_value_heads":5,"vocab_size":10})", "g.json"); });
   CHECK(m.find("num_kv_heads") != std::string::npos);
+}
+
+TEST_CASE("a calibrated [coefficients] section reads back as written") {
+  const HardwareProfile base = test::hardware("a40");
+  std::ifstream in(base.path);
+  std::stringstream text;
+  text << in.rdbuf();
+  CalibratedCoefficients c;
+  c.values = default_coefs();
+  c.values[kGemmEffMaxFrac] = 0.612345678;
+  c.values[kCollLatencyS] = 3.25e-5;
+  c.std_errors.assign(kNumCoefs, 0.0);
+  c.std_errors[kGemmEffMaxFrac] = 0.01;
+  c.free = {kGemmEffMaxFrac, kCollLatencyS};
+  c.covariance.assign(kNumCoefs, std::vector<double>(kNumCoefs, 0.0));
+  c.covariance[kGemmEffMaxFrac][kGemmEffMaxFrac] = 1e-4;
+  c.covariance[kGemmEffMaxFrac][kCollLatencyS] = c.covariance[kCollLatencyS][kGemmEffMaxFrac] = -2e-9;
+  c.covariance[kCollLatencyS][kCollLatencyS] = 4e-12;
+  c.model_error_frac = 0.031;
+  c.max_micro_tokens = 8192;
+  c.source = "test";
+  const std::string written = with_calibrated_coefficients(text.str(), c);
+  const HardwareProfile hw = parse_hardware_profile(written, "written.toml");
+  CHECK(hw.coefs_calibrated);
+  CHECK(hw.gpu.name == base.gpu.name);  // everything before [coefficients] is kept
+  CHECK(hw.coefs[kGemmEffMaxFrac] == doctest::Approx(0.612345678).epsilon(1e-9));
+  CHECK(hw.coefs[kCollLatencyS] == doctest::Approx(3.25e-5).epsilon(1e-9));
+  CHECK(hw.coef_std_errors[kGemmEffMaxFrac] == doctest::Approx(0.01));
+  CHECK(hw.coef_covariance[kGemmEffMaxFrac][kCollLatencyS] == doctest::Approx(-2e-9));
+  CHECK(hw.coef_covariance[kCollLatencyS][kCollLatencyS] == doctest::Approx(4e-12));
+  CHECK(hw.model_error_frac == doctest::Approx(0.031));
+  CHECK(hw.max_micro_tokens == doctest::Approx(8192));
+  // Written twice, the section is replaced, not appended.
+  CHECK(with_calibrated_coefficients(written, c) == written);
 }
