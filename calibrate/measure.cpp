@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "calibrate/report.h"
 #include "common/errors.h"
 #include "model/train_config_json.h"
 
@@ -88,6 +89,95 @@ std::string planned_config_key(const TrainLaunch& launch, const fs::path& scratc
   } catch (const nlohmann::json::exception& ex) {
     throw InternalError(std::string("train --dry-run printed no configuration: ") + ex.what());
   }
+}
+
+// calibrate measure: runs a designed list of configurations with `train`,
+// appending every step to OUT/runs.jsonl. A configuration already present with
+// enough measured steps is skipped, so an interrupted run resumes where it
+// stopped. Progress and an ETA go to stderr.
+int run_measure(const std::string& list, const std::string& out_dir, const std::string& train_flag, int64_t steps,
+                double budget_min, const std::string& device, const std::string& dir, bool micro,
+                const std::string& micro_flags) {
+  const std::vector<RunListEntry> items = read_run_list(list);
+  if (steps < 2) throw InputError("--steps " + std::to_string(steps) + " must be at least 2 (the first is warm-up)");
+  fs::create_directories(out_dir);
+  const fs::path runs = fs::path(out_dir) / "runs.jsonl";
+  const std::string log = (fs::path(out_dir) / "train.log").string();
+  const std::string train = sibling_binary(train_flag, "backend", "train");
+  // What is already measured: steps per configuration key.
+  std::map<std::string, int> have;
+  if (fs::exists(runs))
+    for (const auto& r : load_runs({runs}, resolve_data_dir(dir))) have[r.key] = r.steps;
+  const auto t0 = std::chrono::steady_clock::now();
+  int done = 0, skipped = 0, failed = 0;
+  // The micro-benchmarks first (OUT/micro.jsonl, skipped once a run of them has completed).
+  if (micro) {
+    const fs::path micro_out = fs::path(out_dir) / "micro.jsonl";
+    const bool complete = fs::exists(micro_out) && read_text(micro_out).find("\"micro_done\"") != std::string::npos;
+    if (complete) {
+      std::fprintf(stderr, "calibrate: micro-benchmarks already in %s\n", micro_out.string().c_str());
+    } else {
+      int nproc = 1;
+      for (const auto& it : items) nproc = std::max(nproc, it.nproc);
+      const fs::path bench = fs::path(train).parent_path() / "microbench";
+      if (!fs::exists(bench)) throw InputError(bench.string() + ": no microbench binary beside train (build the backend)");
+      std::fprintf(stderr, "calibrate: micro-benchmarks on %d rank(s) -> %s\n", nproc, micro_out.string().c_str());
+      std::vector<std::string> argv{bench.string(), "--out", micro_out.string(), "--nproc", std::to_string(nproc),
+                                    "--device", device};
+      if (!dir.empty()) argv.insert(argv.end(), {"--data-dir", dir});
+      for (const std::string& w : split_words(micro_flags)) argv.push_back(w);
+      const SpawnResult r = spawn_and_wait(argv);
+      if (r.exit_status != 0) {
+        std::fprintf(stderr, "calibrate: microbench failed (exit %d); the step runs go on\n", r.exit_status);
+        ++failed;
+      }
+    }
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const RunListEntry& it = items[i];
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (budget_min > 0 && elapsed > 60.0 * budget_min) {
+      std::fprintf(stderr, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)\n", budget_min,
+                   items.size() - i);
+      break;
+    }
+    std::string marker = it.model + " " + std::to_string(it.nproc);
+    for (const std::string& w : it.flags) marker += " " + w;
+    const double eta = done > 0 ? elapsed / done * static_cast<double>(items.size() - i) : 0.0;
+    const int width = 30, filled = static_cast<int>(width * static_cast<double>(i) / items.size());
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu  %s  ETA %.0f s          ", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), i, items.size(), marker.substr(0, 50).c_str(), eta);
+    const fs::path mine = fs::path(out_dir) / ".current.jsonl";
+    fs::remove(mine);
+    TrainLaunch launch;
+    launch.train = train;
+    launch.model = it.model;
+    launch.nproc = it.nproc;
+    launch.steps = steps;
+    launch.device = device;
+    launch.data_dir = dir;
+    launch.flags = it.flags;
+    launch.json_out = mine.string();
+    // Resume: a configuration whose key already has enough measured steps in runs.jsonl is skipped.
+    const std::string key = planned_config_key(launch, out_dir);
+    if (have.count(key) && have[key] >= steps - 1) {
+      ++skipped;
+      continue;
+    }
+    if (run_train(launch, log).exit_status != 0) ++failed;
+    if (fs::exists(mine)) {
+      const auto recs = load_runs({mine}, resolve_data_dir(dir));
+      std::ifstream src(mine, std::ios::binary);
+      std::ofstream(runs, std::ios::app) << src.rdbuf();
+      for (const auto& r : recs) have[r.key] += r.steps;
+      fs::remove(mine);
+    }
+    ++done;
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "\rcalibrate: %d run, %d skipped (already measured), %d failed, %.0f s; steps in %s\n", done,
+               skipped, failed, total, runs.string().c_str());
+  return failed ? 1 : 0;
 }
 
 }  // namespace stepcast::calibrate

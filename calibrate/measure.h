@@ -50,6 +50,14 @@ SpawnResult run_train(const TrainLaunch& launch, const std::string& log = "");
 // Throws InputError with train's message when train rejects the flags.
 std::string planned_config_key(const TrainLaunch& launch, const std::filesystem::path& scratch_dir);
 
+// `calibrate measure`: runs `microbench` (unless micro is false), then each configuration of the
+// run list with `train`, appending every step to OUT/runs.jsonl. A configuration whose key
+// already has enough measured steps there is skipped, so that an interrupted run resumes.
+// Progress and an ETA go to stderr. Returns the exit status (1 when a run failed).
+int run_measure(const std::string& list, const std::string& out_dir, const std::string& train_flag, int64_t steps,
+                double budget_min, const std::string& device, const std::string& dir, bool micro,
+                const std::string& micro_flags);
+
 // Splits a flag string ("--quick --suite compute") at white space.
 std::vector<std::string> split_words(const std::string& text);
 

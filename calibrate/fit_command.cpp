@@ -1,0 +1,128 @@
+#include "calibrate/fit_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "calibrate/fit.h"
+#include "calibrate/micro_record.h"
+#include "calibrate/report.h"
+#include "calibrate/run_record.h"
+#include "common/atomic_file.h"
+#include "common/errors.h"
+#include "common/hash.h"
+#include "model/hardware.h"
+#include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
+
+namespace stepcast::calibrate {
+
+namespace fs = std::filesystem;
+
+int run_fit(const std::vector<std::string>& run_files, const std::string& hw_name, const std::string& out_path,
+            double holdout_frac, uint64_t seed, const std::string& dir, bool json) {
+  if (!(holdout_frac >= 0 && holdout_frac < 1))
+    throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
+  const auto files = to_paths(run_files);
+  HardwareProfile hw = resolve_hardware(hw_name, resolve_data_dir(dir));
+  const auto runs = load_runs(files, resolve_data_dir(dir));
+  std::vector<Observation> obs;
+  size_t held = 0;
+  for (const auto& r : runs) {
+    if (is_holdout(r.key, holdout_frac, seed)) {
+      ++held;
+      continue;
+    }
+    obs.push_back(observation_of(r, hw));
+  }
+  if (obs.empty()) throw InputError("no runs left to fit after the hold-out split");
+  const auto micro = load_micro(files);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!micro.empty())
+    std::fprintf(stderr, "calibrate: stage 1, component fit on %zu micro-benchmarks ...\n", micro.size());
+  std::fprintf(stderr, "calibrate: %send-to-end fit on %zu runs (%zu held out) from %zu files ...\n",
+               micro.empty() ? "" : "stage 2, ", obs.size(), held, files.size());
+  const Calibration cal = calibrate_two_stage(obs, micro, hw);
+  const std::optional<FitResult>& components = cal.components;
+  const FitResult& fit = cal.fit;
+  const FitOptions& fo = cal.options;
+  const double fit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Data hash: every runs file's bytes, in the order given.
+  std::string all;
+  for (const auto& f : files) all += read_text(f);
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+
+  CalibratedCoefficients cc;
+  cc.values = fit.coefs;
+  cc.std_errors = fit.std_errors;
+  cc.model_error_frac = fit.model_error_frac;
+  if (fit.covariance_ok) {
+    cc.free = fo.free;
+    cc.covariance = fit.covariance;
+  }
+  // The planner flags plans whose micro-batch x sequence lies beyond the fitted runs.
+  for (const auto& r : runs)
+    if (!is_holdout(r.key, holdout_frac, seed))
+      cc.max_micro_tokens = std::max(cc.max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
+  cc.source = "calibrate fit " + std::string(date) + ", git " + STEPCAST_GIT_COMMIT + ", runs fnv1a64:" +
+              fnv1a64_hex(all) + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
+              " held out, seed " + std::to_string(seed) + "; " + std::to_string(micro.size()) +
+              " micro-benchmarks in the component fit); " + fit.summary;
+  const std::string text = with_calibrated_coefficients(read_text(hw.path), cc);
+  const std::string target = out_path.empty() ? hw.path : out_path;
+  parse_hardware_profile(text, target);  // what we write must read back
+  write_file_atomic(target, text);
+
+  // Accuracy of the new profile, fit and held-out runs apart.
+  HardwareProfile fitted = parse_hardware_profile(text, target);
+  const auto rows = predict_rows(runs, fitted, holdout_frac, seed);
+  nlohmann::json report = {{"profile", target},
+                           {"fit_wall_s", fit_s},
+                           {"converged", fit.converged},
+                           {"initial_cost", fit.initial_cost},
+                           {"final_cost", fit.final_cost},
+                           {"summary", fit.summary},
+                           {"fit", summarize(rows, false)},
+                           {"holdout", summarize(rows, true)}};
+  nlohmann::json coefs = nlohmann::json::object();
+  for (Coef c : fo.free) coefs[std::string(coef_table()[c].name)] = {{"value", fit.coefs[c]}, {"std_error", fit.std_errors[c]}, {"default", coef_table()[c].default_value}};
+  report["coefficients"] = coefs;
+  if (components) {
+    nlohmann::json comp = nlohmann::json::object();
+    for (Coef c : cal.component_free)
+      comp[std::string(coef_table()[c].name)] = {{"value", components->coefs[c]}, {"std_error", components->std_errors[c]},
+                                                 {"end_to_end", fit.coefs[c]}};
+    report["components"] = {{"micro_benchmarks", micro.size()},
+                            {"rms_log_error", components->model_error_frac},
+                            {"summary", components->summary},
+                            {"coefficients", comp},
+                            {"by_bench", micro_summary(micro, fitted)}};
+  }
+  if (json) {
+    std::cout << report.dump(2) << "\n";
+  } else {
+    std::printf("calibrated profile written to %s (%.2f s, %s)\n", target.c_str(), fit_s, fit.summary.c_str());
+    std::printf("%-28s %12s %12s %12s\n", "coefficient", "default", "fitted", "std error");
+    for (Coef c : fo.free)
+      std::printf("%-28s %12.4g %12.4g %12.3g\n", std::string(coef_table()[c].name).c_str(), coef_table()[c].default_value,
+                  fit.coefs[c], fit.std_errors[c]);
+    if (components) {
+      std::printf("stage 1 (components, %zu micro-benchmarks, RMS error %.1f %%): %s\n", micro.size(),
+                  100 * components->model_error_frac, components->summary.c_str());
+      std::printf("%-28s %12s %12s %12s\n", "coefficient", "micro fit", "std error", "end to end");
+      for (Coef c : cal.component_free)
+        std::printf("%-28s %12.4g %12.3g %12.4g\n", std::string(coef_table()[c].name).c_str(), components->coefs[c],
+                    components->std_errors[c], fit.coefs[c]);
+    }
+    std::printf("fit runs: %s\nheld out: %s\n", report["fit"].dump().c_str(), report["holdout"].dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace stepcast::calibrate

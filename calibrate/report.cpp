@@ -1,0 +1,189 @@
+#include "calibrate/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "common/errors.h"
+#include "common/units.h"
+#include "model/prediction.h"
+
+namespace stepcast::calibrate {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw InputError(p.string() + ": cannot open file");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const HardwareProfile& hw, double holdout_frac,
+                              uint64_t seed) {
+  std::vector<Row> rows;
+  for (const auto& r : runs) {
+    Prediction p = evaluate(r.model, hw, r.config);
+    rows.push_back({&r, is_holdout(r.key, holdout_frac, seed), p.time.step, p.step_std_s, p.memory.gpu_total,
+                    p.time.forward, p.time.backward + p.time.recompute, p.time.optimizer_total});
+  }
+  return rows;
+}
+
+nlohmann::json summarize(const std::vector<Row>& rows, bool holdout) {
+  double sum = 0, mx = 0, msum = 0, mmx = 0, inside = 0;
+  int n = 0, nm = 0;
+  for (const auto& r : rows) {
+    if (r.holdout != holdout) continue;
+    ++n;
+    sum += std::abs(r.step_err());
+    mx = std::max(mx, std::abs(r.step_err()));
+    if (r.pred_std > 0 && std::abs(r.pred_step - r.run->step_s) <= 1.96 * r.pred_std) ++inside;
+    if (r.run->gpu_peak_reserved_bytes > 0) {
+      ++nm;
+      msum += std::abs(r.mem_err());
+      mmx = std::max(mmx, std::abs(r.mem_err()));
+    }
+  }
+  return {{"runs", n},
+          {"step_time_mean_abs_pct_error", n ? 100 * sum / n : 0.0},
+          {"step_time_max_abs_pct_error", 100 * mx},
+          {"peak_memory_mean_abs_pct_error", nm ? 100 * msum / nm : 0.0},
+          {"peak_memory_max_abs_pct_error", 100 * mmx},
+          {"inside_95_interval_frac", n ? inside / n : 0.0}};
+}
+
+// Micro-benchmarks against their component formulas, by benchmark kind.
+nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw) {
+  nlohmann::json out = nlohmann::json::object();
+  for (int b = 0; b < kNumMicroBenches; ++b) {
+    double sum = 0, mx = 0;
+    int n = 0;
+    for (const auto& r : micro) {
+      if (static_cast<int>(r.bench) != b) continue;
+      const double e = std::abs(predict_micro(r, hw, hw.coefs.data()) / r.seconds - 1);
+      sum += e;
+      mx = std::max(mx, e);
+      ++n;
+    }
+    if (n)
+      out[micro_bench_name(static_cast<MicroBench>(b))] = {
+          {"records", n}, {"mean_abs_pct_error", 100 * sum / n}, {"max_abs_pct_error", 100 * mx}};
+  }
+  return out;
+}
+
+// Predicted against measured step time, log-log, fit and held-out runs marked.
+std::string svg_plot(const std::vector<Row>& rows, const std::string& title) {
+  double lo = 1e300, hi = 0;
+  for (const auto& r : rows) {
+    lo = std::min({lo, r.run->step_s, r.pred_step});
+    hi = std::max({hi, r.run->step_s, r.pred_step});
+  }
+  lo = std::log10(lo) - 0.1;
+  hi = std::log10(hi) + 0.1;
+  const double W = 520, H = 520, M = 60;
+  auto px = [&](double v) { return M + (std::log10(v) - lo) / (hi - lo) * (W - 2 * M); };
+  auto py = [&](double v) { return H - M - (std::log10(v) - lo) / (hi - lo) * (H - 2 * M); };
+  std::ostringstream s;
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
+  s << "<rect width='100%' height='100%' fill='white'/>\n";
+  s << "<text x='" << W / 2 << "' y='20' text-anchor='middle'>" << title << "</text>\n";
+  s << "<line x1='" << px(std::pow(10, lo)) << "' y1='" << py(std::pow(10, lo)) << "' x2='" << px(std::pow(10, hi))
+    << "' y2='" << py(std::pow(10, hi)) << "' stroke='#888' stroke-dasharray='4'/>\n";
+  for (int e = static_cast<int>(std::ceil(lo)); e <= static_cast<int>(std::floor(hi)); ++e) {
+    const double v = std::pow(10, e);
+    s << "<text x='" << px(v) << "' y='" << H - M + 18 << "' text-anchor='middle'>" << v << " s</text>\n";
+    s << "<text x='" << M - 6 << "' y='" << py(v) + 4 << "' text-anchor='end'>" << v << " s</text>\n";
+  }
+  s << "<text x='" << W / 2 << "' y='" << H - 12 << "' text-anchor='middle'>measured step time</text>\n";
+  s << "<text x='14' y='" << H / 2 << "' transform='rotate(-90 14 " << H / 2 << ")' text-anchor='middle'>predicted step time</text>\n";
+  for (const auto& r : rows) {
+    s << "<circle cx='" << px(r.run->step_s) << "' cy='" << py(r.pred_step) << "' r='5' fill='"
+      << (r.holdout ? "#d62728" : "#1f77b4") << "'><title>" << r.run->key << "</title></circle>\n";
+  }
+  s << "<circle cx='" << M + 10 << "' cy='40' r='5' fill='#1f77b4'/><text x='" << M + 20 << "' y='44'>fit</text>\n";
+  s << "<circle cx='" << M + 60 << "' cy='40' r='5' fill='#d62728'/><text x='" << M + 70 << "' y='44'>held out</text>\n";
+  s << "</svg>\n";
+  return s.str();
+}
+
+std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
+  std::vector<fs::path> out(v.begin(), v.end());
+  if (out.empty()) throw InputError("--runs names no file");
+  return out;
+}
+
+
+int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
+               uint64_t seed, const std::string& dir, bool json, const std::string& svg) {
+  const auto files = to_paths(run_files);
+  HardwareProfile hw = resolve_hardware(hw_name, resolve_data_dir(dir));
+  const auto runs = load_runs(files, resolve_data_dir(dir));
+  const auto micro = load_micro(files);
+  if (runs.empty() && micro.empty()) throw InputError("--runs: no step runs and no micro-benchmarks in the files given");
+  const auto rows = predict_rows(runs, hw, holdout_frac, seed);
+  if (!svg.empty() && !rows.empty())
+    write_file_atomic(svg, svg_plot(rows, hw.name + (hw.coefs_calibrated ? " (calibrated)" : " (not calibrated)") +
+                                              ": predicted vs measured step time"));
+  nlohmann::json j = {{"hardware", hw.name},
+                      {"calibrated", hw.coefs_calibrated},
+                      {"fit", summarize(rows, false)},
+                      {"holdout", summarize(rows, true)},
+                      {"runs", nlohmann::json::array()},
+                      {"micro", {{"by_bench", micro_summary(micro, hw)}, {"records", nlohmann::json::array()}}}};
+  for (const auto& r : micro)
+    j["micro"]["records"].push_back({{"bench", micro_bench_name(r.bench)},
+                                     {"label", r.label()},
+                                     {"measured_s", r.seconds},
+                                     {"predicted_s", predict_micro(r, hw, hw.coefs.data())}});
+  for (const auto& r : rows) {
+    j["runs"].push_back({{"key", r.run->key},
+                         {"holdout", r.holdout},
+                         {"steps", r.run->steps},
+                         {"measured", {{"step_s", r.run->step_s}, {"forward_s", r.run->forward_s},
+                                       {"backward_s", r.run->backward_s}, {"optimizer_s", r.run->optimizer_total_s},
+                                       {"gpu_peak_reserved_bytes", r.run->gpu_peak_reserved_bytes}}},
+                         {"predicted", {{"step_s", r.pred_step}, {"step_std_s", r.pred_std}, {"forward_s", r.pred_fwd},
+                                        {"backward_s", r.pred_bwd}, {"optimizer_s", r.pred_opt},
+                                        {"gpu_memory_bytes", r.pred_mem}}},
+                         {"step_error_pct", 100 * r.step_err()},
+                         {"memory_error_pct", 100 * r.mem_err()}});
+  }
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s (%s): predicted vs measured, %zu runs\n", hw.name.c_str(),
+              hw.coefs_calibrated ? "calibrated" : "not calibrated", rows.size());
+  std::printf("%-62s %4s %8s %8s %6s %8s %8s %8s %6s\n", "run", "set", "meas", "pred", "±95%", "err", "mem", "pred", "err");
+  std::printf("%-62s %4s %8s %8s %6s %8s %8s %8s %6s\n", "", "", "s", "s", "s", "%", "GiB", "GiB", "%");
+  for (const auto& r : rows)
+    std::printf("%-62s %4s %8.3f %8.3f %6.3f %+8.1f %8.1f %8.1f %+6.1f\n", r.run->key.c_str(), r.holdout ? "held" : "fit",
+                r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / kBytesPerGiB,
+                r.pred_mem / kBytesPerGiB, 100 * r.mem_err());
+  std::printf("fit:      %s\nheld out: %s\n", j["fit"].dump().c_str(), j["holdout"].dump().c_str());
+  if (!rows.empty()) {
+    std::printf("\nphases, measured / predicted (s; optimizer: its own time, hidden or not)\n");
+    std::printf("%-62s %17s %17s %17s\n", "run", "forward", "backward", "optimizer");
+    for (const auto& r : rows)
+      std::printf("%-62s %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", r.run->key.c_str(), r.run->forward_s, r.pred_fwd,
+                  r.run->backward_s, r.pred_bwd, r.run->optimizer_total_s, r.pred_opt);
+  }
+  if (!micro.empty()) {
+    std::printf("\nmicro-benchmarks against their component formulas (%zu):\n", micro.size());
+    std::printf("%-16s %8s %12s %12s\n", "bench", "records", "mean |err| %", "max |err| %");
+    for (const auto& [name, v] : j["micro"]["by_bench"].items())
+      std::printf("%-16s %8d %12.1f %12.1f\n", name.c_str(), v["records"].get<int>(), v["mean_abs_pct_error"].get<double>(),
+                  v["max_abs_pct_error"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace stepcast::calibrate

@@ -1,0 +1,41 @@
+// calibrate report: predicted against measured for every run (fit and held-out
+// apart) and every micro-benchmark against its formula, as a table, JSON and an
+// SVG plot; and the helpers fit shares with it.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "calibrate/micro_record.h"
+#include "calibrate/run_record.h"
+#include "model/hardware.h"
+
+namespace stepcast::calibrate {
+
+// One run's measured and predicted figures.
+struct Row {
+  const RunRecord* run;
+  bool holdout;
+  double pred_step, pred_std, pred_mem, pred_fwd, pred_bwd, pred_opt;
+  double step_err() const { return pred_step / run->step_s - 1; }
+  double mem_err() const { return run->gpu_peak_reserved_bytes > 0 ? pred_mem / run->gpu_peak_reserved_bytes - 1 : 0; }
+};
+
+std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const HardwareProfile& hw, double holdout_frac,
+                              uint64_t seed);
+nlohmann::json summarize(const std::vector<Row>& rows, bool holdout);
+nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw);
+std::string svg_plot(const std::vector<Row>& rows, const std::string& title);
+
+// The whole of a file (InputError naming it when it cannot be read).
+std::string read_text(const std::filesystem::path& p);
+// --runs as paths; InputError when it names none.
+std::vector<std::filesystem::path> to_paths(const std::vector<std::string>& v);
+
+// `calibrate report`: prints the table (or JSON), writes the SVG when `svg` is given. Returns the exit status.
+int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
+               uint64_t seed, const std::string& dir, bool json, const std::string& svg);
+
+}  // namespace stepcast::calibrate

@@ -1,0 +1,113 @@
+#include "planner/validate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "calibrate/measure.h"
+#include "calibrate/run_record.h"
+#include "common/atomic_file.h"
+#include "common/errors.h"
+#include "common/process.h"
+#include "planner/report.h"
+
+namespace stepcast {
+
+int validate_plans(const SearchRequest& req, const SearchResult& res, const ValidateOptions& v) {
+  namespace fs = std::filesystem;
+  const TrainConfig& base = req.base;
+  const std::string train = sibling_binary(v.train, "backend", "train");
+  const fs::path tmp = fs::temp_directory_path() / ("stepcast_validate_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  const std::string log = v.append.empty() ? (tmp / "runs.jsonl").string() : v.append;
+  ReportContext ctx{&req.model, &req.hardware, 0};
+  struct Measured {
+    const Prediction* plan;
+    double step_s = 0, tokens_per_s = 0;
+    int rc = 0;
+  };
+  std::vector<Measured> out;
+  const size_t k = std::min(res.ranked.size(), static_cast<size_t>(v.top));
+  for (size_t i = 0; i < k; ++i) {
+    const Prediction& p = res.ranked[i];
+    const fs::path plan = tmp / ("plan" + std::to_string(i) + ".json");
+    nlohmann::json pj;
+    pj["plans"] = nlohmann::json::array({plan_to_json(p, ctx)});
+    write_file_atomic(plan, pj.dump());
+    const fs::path mine = tmp / ("run" + std::to_string(i) + ".jsonl");
+    std::fprintf(stderr, "validate: [%zu/%zu] %s, micro-batch %lld, GAS %lld ...\n", i + 1, k,
+                 family_name(p.config).c_str(), static_cast<long long>(p.config.micro_batch),
+                 static_cast<long long>(p.config.gas));
+    calibrate::TrainLaunch launch;
+    launch.train = train;
+    launch.model = v.model;
+    launch.plan = plan.string();
+    launch.nproc = base.gpus_per_node;
+    launch.steps = v.steps;
+    launch.device = v.device;
+    launch.hardware = v.hardware;
+    launch.data_dir = v.data_dir;
+    launch.json_out = mine.string();
+    Measured m{&p};
+    m.rc = calibrate::run_train(launch).exit_status;
+    if (fs::exists(mine)) {
+      // The median of the measured steps, as calibrate reads them.
+      const auto recs = calibrate::load_runs({mine}, resolve_data_dir(v.data_dir));
+      if (!recs.empty() && recs.front().step_s > 0) {
+        m.step_s = recs.front().step_s;
+        m.tokens_per_s = static_cast<double>(p.config.global_batch() * p.config.seq_len) / m.step_s;
+      }
+      std::ifstream src(mine, std::ios::binary);
+      std::ofstream(log, std::ios::app) << src.rdbuf();
+    }
+    out.push_back(m);
+  }
+  double best = 0;
+  for (const auto& m : out) best = std::max(best, m.tokens_per_s);
+  // A top plan that did not run (out of memory, ...) loses everything: regret 100 %.
+  const bool top_failed = out.front().rc != 0 || out.front().tokens_per_s <= 0;
+  const double regret = top_failed ? 1.0 : (best > 0 ? 1.0 - out.front().tokens_per_s / best : 0.0);
+  if (v.json) {
+    nlohmann::json j;
+    j["model"] = model_to_json(req.model);
+    j["runs_file"] = log;
+    j["validated"] = nlohmann::json::array();
+    for (const auto& m : out) {
+      nlohmann::json r = plan_to_json(*m.plan, ctx);
+      r["measured"] = {{"exit_code", m.rc}, {"step_s", m.step_s}, {"tokens_per_s", m.tokens_per_s}};
+      r["step_error_pct"] = m.step_s > 0 ? 100.0 * (m.plan->time.step / m.step_s - 1) : 0.0;
+      j["validated"].push_back(r);
+    }
+    j["top_plan_regret"] = regret;
+    j["top_plan_failed"] = top_failed;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("%-2s %-48s %6s %4s %10s %10s %8s %12s %12s\n", "#", "plan", "micro", "GAS", "pred step", "meas step",
+                "error", "pred tok/s", "meas tok/s");
+    std::printf("%-2s %-48s %6s %4s %10s %10s %8s %12s %12s\n", "", "", "", "", "s", "s", "%", "", "");
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto& m = out[i];
+      const std::string label = family_name(m.plan->config) + (m.plan->config.activation_checkpointing ? " + ckpt" : "");
+      const std::string err = m.step_s > 0 ? fmt("%+8.1f", 100.0 * (m.plan->time.step / m.step_s - 1)) : "     n/a";
+      std::printf("%-2zu %-48s %6lld %4lld %10.3f %10.3f %8s %12.0f %12.0f%s\n", i + 1, label.c_str(),
+                  static_cast<long long>(m.plan->config.micro_batch), static_cast<long long>(m.plan->config.gas),
+                  m.plan->time.step, m.step_s, err.c_str(), m.plan->throughput.tokens_per_s, m.tokens_per_s,
+                  m.rc ? ("  (train exited " + std::to_string(m.rc) + (m.rc == 3 ? ": out of memory" : "") + ")").c_str() : "");
+    }
+    if (top_failed)
+      std::printf("the top plan did not run: regret 100 %% (the best plan that ran reached %.0f tokens/s)\n", best);
+    else
+      std::printf("regret of the top plan against the best measured: %.1f %%\n", 100.0 * regret);
+    std::printf("runs appended to %s (refit: calibrate fit --runs ...)\n", log.c_str());
+  }
+  for (const auto& m : out)
+    if (m.rc != 0) return 1;
+  return 0;
+}
+
+}  // namespace stepcast
