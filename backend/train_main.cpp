@@ -90,7 +90,7 @@ std::string out_of_memory_message(int rank, const std::string& when, const std::
                                   Runtime& rt) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "out of memory on rank %d %s: predicted %.1f GiB per GPU, device has %.1f GiB", rank,
-                when.c_str(), pred ? pred->memory.gpu_total / kBytesPerGiB : 0.0,
+                when.c_str(), pred ? pred->memory.gpu_total_bytes / kBytesPerGiB : 0.0,
                 rt.device_memory_bytes() / kBytesPerGiB);
   return buf;
 }
@@ -202,14 +202,14 @@ int run_rank(const Flags& f, const CLI::App& app) {
       if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
       throw OutOfMemoryError(out_of_memory_message(rv.rank, "at step " + std::to_string(step), pred, *rt));
     }
-    const double tps = tokens_per_step / r.time.step;
+    const double tps = tokens_per_step / r.time.step_s;
     const double mfu_frac = hw ? mfu(tps, flops_per_token, rv.world, hw->gpu.peak_flops_per_s(cfg.precision)) : 0.0;
     const double peak = rt->peak_allocated_bytes(), reserved = rt->peak_reserved_bytes();
     if (lead && !f.quiet) {
       std::printf("%5lld %9.4f %9.3f %9s %9.3f %10.0f %6s %9s %9s %9.1f\n", static_cast<long long>(r.step), r.loss,
-                  r.time.step, cfg.gas > 1 ? std::to_string(r.time.gas).substr(0, 7).c_str() : "n/a", r.time.opt, tps,
+                  r.time.step_s, cfg.gas > 1 ? std::to_string(r.time.gas_s).substr(0, 7).c_str() : "n/a", r.time.opt_s, tps,
                   hw ? std::to_string(100 * mfu_frac).substr(0, 4).c_str() : "-",
-                  pred ? std::to_string(pred->time.step).substr(0, 6).c_str() : "-",
+                  pred ? std::to_string(pred->time.step_s).substr(0, 6).c_str() : "-",
                   pred ? std::to_string(static_cast<long long>(pred->throughput.tokens_per_s)).c_str() : "-",
                   reserved / kBytesPerGiB);
       std::fflush(stdout);
@@ -222,19 +222,19 @@ int run_rank(const Flags& f, const CLI::App& app) {
       j["step"] = r.step;
       j["warmup"] = s < f.warmup;
       j["loss"] = r.loss;
-      j["time_s"] = {{"step", r.time.step}, {"gas", cfg.gas > 1 ? nlohmann::json(r.time.gas) : nlohmann::json(nullptr)},
-                     {"opt", r.time.opt}, {"forward", r.time.forward}, {"backward", r.time.backward},
-                     {"grad_comm", r.time.grad_comm}, {"param_gather", r.time.param_gather},
-                     {"offload_transfer", r.time.offload_transfer}, {"optimizer", r.time.optimizer},
-                     {"optimizer_cpu", r.time.optimizer_cpu}};
+      j["time_s"] = {{"step", r.time.step_s}, {"gas", cfg.gas > 1 ? nlohmann::json(r.time.gas_s) : nlohmann::json(nullptr)},
+                     {"opt", r.time.opt_s}, {"forward", r.time.forward_s}, {"backward", r.time.backward_s},
+                     {"grad_comm", r.time.grad_comm_s}, {"param_gather", r.time.param_gather_s},
+                     {"offload_transfer", r.time.offload_transfer_s}, {"optimizer", r.time.optimizer_s},
+                     {"optimizer_cpu", r.time.optimizer_cpu_s}};
       j["throughput"] = {{"tokens_per_s", tps}, {"world_samples_per_s", tps / cfg.seq_len},
                          {"rank_samples_per_s", tps / cfg.seq_len / rv.world}, {"mfu", mfu_frac}};
       j["memory_bytes"] = {{"gpu_peak_allocated", peak}, {"gpu_peak_reserved", reserved},
                            {"host_rss", host_rss_bytes()}, {"host_peak_rss", host_peak_rss_bytes()}};
       if (pred) {
         j["predicted"] = {{"hardware", hw->name}, {"calibrated", hw->coefs_calibrated},
-                          {"step_s", pred->time.step}, {"tokens_per_s", pred->throughput.tokens_per_s},
-                          {"gpu_memory_bytes", pred->memory.gpu_total}};
+                          {"step_s", pred->time.step_s}, {"tokens_per_s", pred->throughput.tokens_per_s},
+                          {"gpu_memory_bytes", pred->memory.gpu_total_bytes}};
       }
       j["env"] = env;
       jsonl << j.dump() << "\n";

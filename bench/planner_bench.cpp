@@ -58,7 +58,7 @@ int main() {
     const auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) {
       const auto& [f, c] = configs[static_cast<size_t>(i) % configs.size()];
-      sink += evaluate_features(f, c, hw, hw.coefs, {}).time.step;
+      sink += evaluate_features(f, c, hw, hw.coefs, {}).time.step_s;
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     evals_per_s.push_back(iters / s);
@@ -71,7 +71,7 @@ int main() {
     const auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) {
       const auto& c = configs[static_cast<size_t>(i) % configs.size()].second;
-      sink += evaluate_features(make_features(model, hw, c), c, hw, hw.coefs, {}).time.step;
+      sink += evaluate_features(make_features(model, hw, c), c, hw, hw.coefs, {}).time.step_s;
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     full_per_s.push_back(iters / s);
@@ -84,7 +84,7 @@ int main() {
     const auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) {
       const auto& c = configs[static_cast<size_t>(i) % configs.size()].second;
-      sink += evaluate(model, hw, c).time.step;
+      sink += evaluate(model, hw, c).time.step_s;
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     ref_per_s.push_back(iters / s);
@@ -98,7 +98,7 @@ int main() {
     req.hardware = resolve_hardware("h200-sxm", data);
     req.base.gpus_per_node = 2;
     SearchResult res = search_plans(req);
-    sink += res.ranked.empty() ? 0 : res.ranked.front().time.step;
+    sink += res.ranked.empty() ? 0 : res.ranked.front().time.step_s;
     recommend_ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - t0).count());
   }
 

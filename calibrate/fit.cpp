@@ -35,13 +35,13 @@ struct RunResidual {
     for (int i = 0; i < kNumCoefs; ++i) coefs[i] = u[i] * scales_[static_cast<size_t>(i)];
     const StepTime<T> t = predict_step_time(obs_.features.step, coefs);
     const MemoryEstimate<T> m = predict_memory(obs_.features.memory, coefs);
-    r[0] = log_ratio(t.step, obs_.step_s, opt_.sigma_step);
-    r[1] = log_ratio(t.forward, obs_.forward_s, opt_.sigma_phase);
-    r[2] = log_ratio(t.backward + t.recompute, obs_.backward_s, opt_.sigma_phase);
+    r[0] = log_ratio(t.step_s, obs_.step_s, opt_.sigma_step);
+    r[1] = log_ratio(t.forward_s, obs_.forward_s, opt_.sigma_phase);
+    r[2] = log_ratio(t.backward_s + t.recompute_s, obs_.backward_s, opt_.sigma_phase);
     // The optimizer's own time: its exposure under CPU offload is in the step residual.
-    r[3] = log_ratio(obs_.features.step.opt_on_cpu > 0.0 ? t.optimizer_total : t.optimizer, obs_.optimizer_s,
+    r[3] = log_ratio(obs_.features.step.opt_on_cpu > 0.0 ? t.optimizer_total_s : t.optimizer_s, obs_.optimizer_s,
                      opt_.sigma_phase);
-    r[4] = log_ratio(m.gpu_total, obs_.gpu_memory_bytes, opt_.sigma_memory);
+    r[4] = log_ratio(m.gpu_total_bytes, obs_.gpu_memory_bytes, opt_.sigma_memory);
     return true;
   }
 
@@ -235,7 +235,7 @@ FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector
   int n = 0;
   for (const auto& o : obs) {
     if (o.step_s <= 0) continue;
-    const double pred = predict_step_time(o.features.step, result.coefs.data()).step;
+    const double pred = predict_step_time(o.features.step, result.coefs.data()).step_s;
     ss += std::pow(std::log(pred / o.step_s), 2);
     ++n;
   }

@@ -30,8 +30,8 @@ std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const Hardware
   std::vector<Row> rows;
   for (const auto& r : runs) {
     Prediction p = evaluate(r.model, hw, r.config);
-    rows.push_back({&r, is_holdout(r.key, holdout_frac, seed), p.time.step, p.step_std_s, p.memory.gpu_total,
-                    p.time.forward, p.time.backward + p.time.recompute, p.time.optimizer_total});
+    rows.push_back({&r, is_holdout(r.key, holdout_frac, seed), p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes,
+                    p.time.forward_s, p.time.backward_s + p.time.recompute_s, p.time.optimizer_total_s});
   }
   return rows;
 }

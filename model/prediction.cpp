@@ -18,7 +18,7 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
 
   const StepFeatures& f = features.step;
   const double samples_per_step_rank = static_cast<double>(config.micro_batch * config.gas);
-  p.throughput.rank_samples_per_s = samples_per_step_rank / p.time.step;
+  p.throughput.rank_samples_per_s = samples_per_step_rank / p.time.step_s;
   p.throughput.world_samples_per_s = f.world_size * p.throughput.rank_samples_per_s;
   p.throughput.tokens_per_s = p.throughput.world_samples_per_s * static_cast<double>(config.seq_len);
   p.throughput.mfu = mfu(p.throughput.tokens_per_s, f.model_flops_per_token, f.world_size, f.peak_flops_per_s);
@@ -28,15 +28,15 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
                                   ? limits.host_memory_bytes_node
                                   : hw.host.memory_bytes_per_gpu * config.gpus_per_node;
   char buf[200];
-  if (p.memory.gpu_total > (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes) {
+  if (p.memory.gpu_total_bytes > (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes) {
     std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, %.1f GiB usable (%.1f GiB less %.0f %% headroom)",
-                  p.memory.gpu_total / kBytesPerGiB,
+                  p.memory.gpu_total_bytes / kBytesPerGiB,
                   (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes / kBytesPerGiB,
                   p.gpu_memory_limit_bytes / kBytesPerGiB, 100.0 * kGpuMemoryHeadroomFrac);
     p.reason = buf;
-  } else if (p.memory.host_node_total > p.host_memory_limit_bytes) {
+  } else if (p.memory.host_node_total_bytes > p.host_memory_limit_bytes) {
     std::snprintf(buf, sizeof buf, "needs %.1f GiB of host memory per node, %.1f GiB available",
-                  p.memory.host_node_total / kBytesPerGiB, p.host_memory_limit_bytes / kBytesPerGiB);
+                  p.memory.host_node_total_bytes / kBytesPerGiB, p.host_memory_limit_bytes / kBytesPerGiB);
     p.reason = buf;
   }
   p.fits = p.reason.empty();
@@ -54,7 +54,7 @@ double step_time_std_s(const StepFeatures& f, const CoefVector& coefs,
     CoefVector up = coefs, down = coefs;
     up[i] += h;
     down[i] -= h;
-    grad[i] = (predict_step_time(f, up.data()).step - predict_step_time(f, down.data()).step) / (2 * h);
+    grad[i] = (predict_step_time(f, up.data()).step_s - predict_step_time(f, down.data()).step_s) / (2 * h);
   }
   double var = 0;
   for (int i = 0; i < kNumCoefs; ++i)
@@ -73,7 +73,7 @@ Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const Trai
                     const ResourceLimits& limits) {
   Features f = make_features(spec, hw, config, limits);
   Prediction p = evaluate_features(f, config, hw, hw.coefs, limits);
-  p.step_std_s = step_interval_std_s(f.step, hw, p.time.step);
+  p.step_std_s = step_interval_std_s(f.step, hw, p.time.step_s);
   return p;
 }
 

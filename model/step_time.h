@@ -28,12 +28,12 @@ namespace stepcast {
 template <class T>
 struct StepTime {
   // Per step (all GAS micro-batches), seconds.
-  T forward{}, backward{}, recompute{};
-  T grad_comm{}, param_gather{}, offload_transfer{};  // exposed (not hidden by overlap)
-  T grad_comm_total{}, param_gather_total{}, offload_transfer_total{};  // before overlap
-  T optimizer{};        // exposed
-  T optimizer_total{};  // the optimizer's own time (CPU: hidden or not)
-  T gas{}, opt{}, step{};
+  T forward_s{}, backward_s{}, recompute_s{};
+  T grad_comm_s{}, param_gather_s{}, offload_transfer_s{};  // exposed (not hidden by overlap)
+  T grad_comm_total_s{}, param_gather_total_s{}, offload_transfer_total_s{};  // before overlap
+  T optimizer_s{};        // exposed
+  T optimizer_total_s{};  // the optimizer's own time (CPU: hidden or not)
+  T gas_s{}, opt_s{}, step_s{};
 };
 
 namespace detail {
@@ -249,22 +249,22 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
 
   // --- the step --------------------------------------------------------------
   const double g = f.gas;
-  out.forward = g * fwd_s;
-  out.backward = g * bwd_s;
-  out.recompute = g * recompute_s;
-  out.grad_comm = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + (pipelined ? T(0.0) : post_gather_s);
-  out.grad_comm_total = g * rs_micro_s + rs_boundary_s + post_gather_s;
-  out.param_gather = g * gather_exposed;
-  out.param_gather_total = g * (gather_s + param_up_s);
+  out.forward_s = g * fwd_s;
+  out.backward_s = g * bwd_s;
+  out.recompute_s = g * recompute_s;
+  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + (pipelined ? T(0.0) : post_gather_s);
+  out.grad_comm_total_s = g * rs_micro_s + rs_boundary_s + post_gather_s;
+  out.param_gather_s = g * gather_exposed;
+  out.param_gather_total_s = g * (gather_s + param_up_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
-  out.offload_transfer = d2h_exposed_boundary +
+  out.offload_transfer_s = d2h_exposed_boundary +
                          (pipelined ? tail_s - optimizer_exposed : upload_s);
-  out.offload_transfer_total = d2h_boundary_s + upload_s;
-  out.optimizer = optimizer_exposed;
-  out.optimizer_total = optimizer_s;
-  out.gas = (g - 1.0) * micro_s;
-  out.opt = boundary_micro_s + tail_s;
-  out.step = out.gas + out.opt;
+  out.offload_transfer_total_s = d2h_boundary_s + upload_s;
+  out.optimizer_s = optimizer_exposed;
+  out.optimizer_total_s = optimizer_s;
+  out.gas_s = (g - 1.0) * micro_s;
+  out.opt_s = boundary_micro_s + tail_s;
+  out.step_s = out.gas_s + out.opt_s;
   return out;
 }
 

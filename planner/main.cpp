@@ -227,7 +227,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
       for (const Lever& l : offload_levers(req, *off))
         lj["levers"].push_back({{"lever", l.name}, {"tokens_per_s", l.result.throughput.tokens_per_s},
                                 {"gain_frac", l.gain_frac}, {"fits", l.result.fits},
-                                {"gpu_memory_bytes", l.result.memory.gpu_total}});
+                                {"gpu_memory_bytes", l.result.memory.gpu_total_bytes}});
       j["offload_levers"] = lj;
     }
     j["suggestions"] = res.suggestions;

@@ -24,12 +24,12 @@ std::vector<Component> components(const Prediction& p) {
   const char* opt = cpu ? (q8 ? "the 8-bit CPU AdamW" : "the CPU AdamW")
                         : (q8 ? "the 8-bit GPU AdamW" : "the GPU AdamW");
   return {
-      {"forward and backward compute", t.forward + t.backward},
-      {"activation recomputation", t.recompute},
-      {"exposed gradient reduction", t.grad_comm},
-      {"exposed parameter gathering", t.param_gather},
-      {"exposed PCIe offload copies", t.offload_transfer},
-      {opt, t.optimizer},
+      {"forward and backward compute", t.forward_s + t.backward_s},
+      {"activation recomputation", t.recompute_s},
+      {"exposed gradient reduction", t.grad_comm_s},
+      {"exposed parameter gathering", t.param_gather_s},
+      {"exposed PCIe offload copies", t.offload_transfer_s},
+      {opt, t.optimizer_s},
   };
 }
 
@@ -87,7 +87,7 @@ std::string dominant_cost(const Prediction& p, double* share_out) {
   size_t best = 1;
   for (size_t i = 2; i < comps.size(); ++i)
     if (comps[i].seconds > comps[best].seconds) best = i;
-  const double share = comps[best].seconds / p.time.step;
+  const double share = comps[best].seconds / p.time.step_s;
   if (share_out) *share_out = share;
   if (share < 0.005) return "nothing beyond forward and backward costs 0.5 % of its step";
   return pct(share) + " of the step is " + comps[best].name;
@@ -167,11 +167,11 @@ SearchResult search_plans(const SearchRequest& req) {
   auto better = [](const Prediction& a, const Prediction& b) {
     const double ka = ranking_score(a), kb = ranking_score(b);
     if (ka != kb) return ka > kb;
-    return a.memory.gpu_total < b.memory.gpu_total;
+    return a.memory.gpu_total_bytes < b.memory.gpu_total_bytes;
   };
   for (const auto& p : all) {
     if (p.fits) result.ranked.push_back(p);
-    if (!result.smallest_memory || p.memory.gpu_total < result.smallest_memory->memory.gpu_total)
+    if (!result.smallest_memory || p.memory.gpu_total_bytes < result.smallest_memory->memory.gpu_total_bytes)
       result.smallest_memory = p;
   }
   result.dropped = all.size() - result.ranked.size();
@@ -180,7 +180,7 @@ SearchResult search_plans(const SearchRequest& req) {
   auto add_interval = [&](Prediction& p) {
     if (req.hardware.coef_covariance.empty()) return;
     const Features f = make_features(req.model, req.hardware, p.config, req.limits);
-    p.step_std_s = step_interval_std_s(f.step, req.hardware, p.time.step);
+    p.step_std_s = step_interval_std_s(f.step, req.hardware, p.time.step_s);
   };
   for (size_t i = 0; i < std::min<size_t>(result.ranked.size(), 64); ++i) add_interval(result.ranked[i]);
 
@@ -192,7 +192,7 @@ SearchResult search_plans(const SearchRequest& req) {
     if (p.fits) {
       fo.any_fits = true;
       if (!fo.best || better(p, *fo.best)) fo.best = p;
-    } else if (!fo.smallest_memory || p.memory.gpu_total < fo.smallest_memory->memory.gpu_total) {
+    } else if (!fo.smallest_memory || p.memory.gpu_total_bytes < fo.smallest_memory->memory.gpu_total_bytes) {
       fo.smallest_memory = p;
     }
   }
@@ -230,7 +230,7 @@ SearchResult search_plans(const SearchRequest& req) {
             [](const FamilyOutcome& a, const FamilyOutcome& b) {
               if (a.any_fits != b.any_fits) return a.any_fits;
               if (a.any_fits) return a.loss_frac < b.loss_frac;
-              return a.smallest_memory->memory.gpu_total < b.smallest_memory->memory.gpu_total;
+              return a.smallest_memory->memory.gpu_total_bytes < b.smallest_memory->memory.gpu_total_bytes;
             });
 
   // Nothing fits: say what would.
@@ -253,7 +253,7 @@ SearchResult search_plans(const SearchRequest& req) {
       Prediction p = evaluate(req.model, req.hardware, c, ResourceLimits{req.limits.gpu_memory_bytes, 0, 0});
       if (p.fits) {
         std::snprintf(buf, sizeof buf, "would fit on %d GPUs (--gpus %d --nodes %d): %.1f GiB per GPU",
-                      total, c.gpus_per_node, c.nodes, p.memory.gpu_total / kBytesPerGiB);
+                      total, c.gpus_per_node, c.nodes, p.memory.gpu_total_bytes / kBytesPerGiB);
         result.suggestions.push_back(buf);
         break;
       }

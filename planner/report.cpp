@@ -90,38 +90,38 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   j["extrapolated"] = ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len);
   if (!p.fits) j["reason"] = p.reason;
   // The founding report's split is undefined with GAS = 1: null, not 0.
-  nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas) : nlohmann::json(nullptr);
-  j["time_s"] = {{"step", t.step},
+  nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas_s) : nlohmann::json(nullptr);
+  j["time_s"] = {{"step", t.step_s},
                  {"step_std", p.step_std_s},
-                 {"step_interval_95", {t.step - 1.96 * p.step_std_s, t.step + 1.96 * p.step_std_s}},
+                 {"step_interval_95", {t.step_s - 1.96 * p.step_std_s, t.step_s + 1.96 * p.step_std_s}},
                  {"gas", gas_time},
-                 {"opt", t.opt},
-                 {"forward", t.forward},
-                 {"backward", t.backward},
-                 {"recompute", t.recompute},
-                 {"grad_comm", t.grad_comm},
-                 {"param_gather", t.param_gather},
-                 {"offload_transfer", t.offload_transfer},
-                 {"optimizer", t.optimizer},
-                 {"grad_comm_total", t.grad_comm_total},
-                 {"param_gather_total", t.param_gather_total},
-                 {"offload_transfer_total", t.offload_transfer_total},
-                 {"optimizer_total", t.optimizer_total}};
+                 {"opt", t.opt_s},
+                 {"forward", t.forward_s},
+                 {"backward", t.backward_s},
+                 {"recompute", t.recompute_s},
+                 {"grad_comm", t.grad_comm_s},
+                 {"param_gather", t.param_gather_s},
+                 {"offload_transfer", t.offload_transfer_s},
+                 {"optimizer", t.optimizer_s},
+                 {"grad_comm_total", t.grad_comm_total_s},
+                 {"param_gather_total", t.param_gather_total_s},
+                 {"offload_transfer_total", t.offload_transfer_total_s},
+                 {"optimizer_total", t.optimizer_total_s}};
   j["throughput"] = {{"tokens_per_s", p.throughput.tokens_per_s},
                      {"world_samples_per_s", p.throughput.world_samples_per_s},
                      {"rank_samples_per_s", p.throughput.rank_samples_per_s},
                      {"mfu", p.throughput.mfu}};
   const auto& m = p.memory;
-  j["gpu_memory_bytes"] = {{"params", m.gpu_params},
-                           {"grads", m.gpu_grads},
-                           {"optimizer_states", m.gpu_opt_states},
-                           {"activations", m.gpu_activations},
-                           {"buffers", m.gpu_buffers},
-                           {"workspace", m.gpu_workspace},
-                           {"total", m.gpu_total},
+  j["gpu_memory_bytes"] = {{"params", m.gpu_params_bytes},
+                           {"grads", m.gpu_grads_bytes},
+                           {"optimizer_states", m.gpu_opt_states_bytes},
+                           {"activations", m.gpu_activations_bytes},
+                           {"buffers", m.gpu_buffers_bytes},
+                           {"workspace", m.gpu_workspace_bytes},
+                           {"total", m.gpu_total_bytes},
                            {"limit", p.gpu_memory_limit_bytes}};
-  j["cpu_memory_bytes"] = {{"total", m.host_node_total},
-                           {"per_rank", m.host_per_rank},
+  j["cpu_memory_bytes"] = {{"total", m.host_node_total_bytes},
+                           {"per_rank", m.host_per_rank_bytes},
                            {"limit", p.host_memory_limit_bytes}};
   if (ctx.train_tokens > 0) {
     const double seconds = ctx.train_tokens / p.throughput.tokens_per_s;
@@ -158,16 +158,16 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
         std::to_string(c.micro_batch) +
             (ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len) ? "!" : ""),
         std::to_string(c.gas),
-        c.gas > 1 ? fmt("%.3f", p.time.gas) : "n/a*",
-        fmt("%.3f", p.time.opt),
-        fmt("%.3f", p.time.step),
+        c.gas > 1 ? fmt("%.3f", p.time.gas_s) : "n/a*",
+        fmt("%.3f", p.time.opt_s),
+        fmt("%.3f", p.time.step_s),
         p.step_std_s > 0 ? fmt("%.3f", 1.96 * p.step_std_s) : "?",
         fmt("%.2f", p.throughput.world_samples_per_s),
         fmt("%.2f", p.throughput.rank_samples_per_s),
         fmt("%.0f", p.throughput.tokens_per_s),
         fmt("%.1f", 100.0 * p.throughput.mfu),
-        format_gib(p.memory.gpu_total),
-        format_gib(p.memory.host_node_total)};
+        format_gib(p.memory.gpu_total_bytes),
+        format_gib(p.memory.host_node_total_bytes)};
     if (ctx.train_tokens > 0) {
       const double seconds = ctx.train_tokens / p.throughput.tokens_per_s;
       row.push_back(fmt("%.1f", seconds / 3600.0));
@@ -219,18 +219,18 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
       << p.config.micro_batch << ")\n";
   Table tt({"phase", "exposed", "total", "share"}, {"", "s", "s", "%"});
   auto row = [&](const char* name, double exposed, double total) {
-    tt.add({name, fmt("%.4f", exposed), fmt("%.4f", total), fmt("%.1f", 100.0 * exposed / t.step)});
+    tt.add({name, fmt("%.4f", exposed), fmt("%.4f", total), fmt("%.1f", 100.0 * exposed / t.step_s)});
   };
-  row("forward", t.forward, t.forward);
-  row("backward", t.backward, t.backward);
-  row("recompute", t.recompute, t.recompute);
-  row("gradient reduction", t.grad_comm, t.grad_comm_total);
-  row("parameter gathering", t.param_gather, t.param_gather_total);
-  row("offload copies (PCIe)", t.offload_transfer, t.offload_transfer_total);
-  row("optimizer", t.optimizer, t.optimizer_total);
-  tt.add({"GAS time", p.config.gas > 1 ? fmt("%.4f", t.gas) : "n/a", "", ""});
-  tt.add({"OPT time", fmt("%.4f", t.opt), "", ""});
-  tt.add({"step", fmt("%.4f", t.step), "", "100.0"});
+  row("forward", t.forward_s, t.forward_s);
+  row("backward", t.backward_s, t.backward_s);
+  row("recompute", t.recompute_s, t.recompute_s);
+  row("gradient reduction", t.grad_comm_s, t.grad_comm_total_s);
+  row("parameter gathering", t.param_gather_s, t.param_gather_total_s);
+  row("offload copies (PCIe)", t.offload_transfer_s, t.offload_transfer_total_s);
+  row("optimizer", t.optimizer_s, t.optimizer_total_s);
+  tt.add({"GAS time", p.config.gas > 1 ? fmt("%.4f", t.gas_s) : "n/a", "", ""});
+  tt.add({"OPT time", fmt("%.4f", t.opt_s), "", ""});
+  tt.add({"step", fmt("%.4f", t.step_s), "", "100.0"});
   out << tt.str();
   out << "throughput: " << fmt("%.0f", p.throughput.tokens_per_s) << " tokens/s, "
       << fmt("%.3f", p.throughput.world_samples_per_s) << " world samples/s, "
@@ -239,15 +239,15 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
 
   out << "Memory\n";
   Table mt({"where", "item", "size"}, {"", "", "GiB"});
-  mt.add({"GPU", "parameters", format_gib(m.gpu_params)});
-  mt.add({"GPU", "gradients", format_gib(m.gpu_grads)});
-  mt.add({"GPU", "master weights + optimizer states", format_gib(m.gpu_opt_states)});
-  mt.add({"GPU", "buckets and gather buffers", format_gib(m.gpu_buffers)});
-  mt.add({"GPU", "activations, logits, loss (+fragmentation)", format_gib(m.gpu_activations)});
-  mt.add({"GPU", "context and workspaces", format_gib(m.gpu_workspace)});
-  mt.add({"GPU", "total per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total)});
-  mt.add({"host", "per rank", format_gib(m.host_per_rank)});
-  mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total)});
+  mt.add({"GPU", "parameters", format_gib(m.gpu_params_bytes)});
+  mt.add({"GPU", "gradients", format_gib(m.gpu_grads_bytes)});
+  mt.add({"GPU", "master weights + optimizer states", format_gib(m.gpu_opt_states_bytes)});
+  mt.add({"GPU", "buckets and gather buffers", format_gib(m.gpu_buffers_bytes)});
+  mt.add({"GPU", "activations, logits, loss (+fragmentation)", format_gib(m.gpu_activations_bytes)});
+  mt.add({"GPU", "context and workspaces", format_gib(m.gpu_workspace_bytes)});
+  mt.add({"GPU", "total per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
+  mt.add({"host", "per rank", format_gib(m.host_per_rank_bytes)});
+  mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total_bytes)});
   out << mt.str();
   if (!p.fits) out << "does not fit: " << p.reason << "\n";
   (void)ctx;

@@ -80,7 +80,7 @@ int validate_plans(const SearchRequest& req, const SearchResult& res, const Vali
     for (const auto& m : out) {
       nlohmann::json r = plan_to_json(*m.plan, ctx);
       r["measured"] = {{"exit_code", m.rc}, {"step_s", m.step_s}, {"tokens_per_s", m.tokens_per_s}};
-      r["step_error_pct"] = m.step_s > 0 ? 100.0 * (m.plan->time.step / m.step_s - 1) : 0.0;
+      r["step_error_pct"] = m.step_s > 0 ? 100.0 * (m.plan->time.step_s / m.step_s - 1) : 0.0;
       j["validated"].push_back(r);
     }
     j["top_plan_regret"] = regret;
@@ -93,10 +93,10 @@ int validate_plans(const SearchRequest& req, const SearchResult& res, const Vali
     for (size_t i = 0; i < out.size(); ++i) {
       const auto& m = out[i];
       const std::string label = family_name(m.plan->config) + (m.plan->config.activation_checkpointing ? " + ckpt" : "");
-      const std::string err = m.step_s > 0 ? fmt("%+8.1f", 100.0 * (m.plan->time.step / m.step_s - 1)) : "     n/a";
+      const std::string err = m.step_s > 0 ? fmt("%+8.1f", 100.0 * (m.plan->time.step_s / m.step_s - 1)) : "     n/a";
       std::printf("%-2zu %-48s %6lld %4lld %10.3f %10.3f %8s %12.0f %12.0f%s\n", i + 1, label.c_str(),
                   static_cast<long long>(m.plan->config.micro_batch), static_cast<long long>(m.plan->config.gas),
-                  m.plan->time.step, m.step_s, err.c_str(), m.plan->throughput.tokens_per_s, m.tokens_per_s,
+                  m.plan->time.step_s, m.step_s, err.c_str(), m.plan->throughput.tokens_per_s, m.tokens_per_s,
                   m.rc ? ("  (train exited " + std::to_string(m.rc) + (m.rc == 3 ? ": out of memory" : "") + ")").c_str() : "");
     }
     if (top_failed)

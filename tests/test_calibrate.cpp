@@ -70,11 +70,11 @@ std::vector<Observation> synthetic(uint64_t seed) {
                 o.features = make_features(m, hw, c, ResourceLimits{0, 0, cores});
                 const auto st = predict_step_time(o.features.step, t.data());
                 const auto mem = predict_memory(o.features.memory, t.data());
-                o.step_s = st.step * (1 + noise(rng));
-                o.forward_s = st.forward * (1 + noise(rng));
-                o.backward_s = (st.backward + st.recompute) * (1 + noise(rng));
-                o.optimizer_s = (off ? st.optimizer_total : st.optimizer) * (1 + noise(rng));  // as the fit reads it
-                o.gpu_memory_bytes = mem.gpu_total * (1 + noise(rng));
+                o.step_s = st.step_s * (1 + noise(rng));
+                o.forward_s = st.forward_s * (1 + noise(rng));
+                o.backward_s = (st.backward_s + st.recompute_s) * (1 + noise(rng));
+                o.optimizer_s = (off ? st.optimizer_total_s : st.optimizer_s) * (1 + noise(rng));  // as the fit reads it
+                o.gpu_memory_bytes = mem.gpu_total_bytes * (1 + noise(rng));
                 o.key = std::string(name) + std::to_string(out.size());
                 out.push_back(o);
               }
@@ -149,7 +149,7 @@ TEST_CASE("the step-time uncertainty is the first-order propagation of the coeff
   for (size_t i = 0; i < obs.size(); i += 17) {
     std::array<Jet, kNumCoefs> jets;
     for (int k = 0; k < kNumCoefs; ++k) jets[k] = Jet(fit.coefs[k], k);
-    const Jet step = predict_step_time(obs[i].features.step, jets.data()).step;
+    const Jet step = predict_step_time(obs[i].features.step, jets.data()).step_s;
     double var = 0;
     for (int a = 0; a < kNumCoefs; ++a)
       for (int b = 0; b < kNumCoefs; ++b) var += step.v[a] * fit.covariance[a][b] * step.v[b];

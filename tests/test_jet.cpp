@@ -13,8 +13,8 @@ namespace {
 
 using Jet = ceres::Jet<double, kNumCoefs>;
 
-double step_at(const Features& f, CoefVector c) { return predict_step_time(f.step, c.data()).step; }
-double mem_at(const Features& f, CoefVector c) { return predict_memory(f.memory, c.data()).gpu_total; }
+double step_at(const Features& f, CoefVector c) { return predict_step_time(f.step, c.data()).step_s; }
+double mem_at(const Features& f, CoefVector c) { return predict_memory(f.memory, c.data()).gpu_total_bytes; }
 
 }  // namespace
 
@@ -36,8 +36,8 @@ TEST_CASE("Jet derivatives equal finite differences for every coefficient") {
     for (int i = 0; i < kNumCoefs; ++i) jets[i] = Jet(base[i], i);
     const StepTime<Jet> tj = predict_step_time(f.step, jets.data());
     const MemoryEstimate<Jet> mj = predict_memory(f.memory, jets.data());
-    CHECK(tj.step.a == doctest::Approx(step_at(f, base)).epsilon(1e-12));
-    CHECK(mj.gpu_total.a == doctest::Approx(mem_at(f, base)).epsilon(1e-12));
+    CHECK(tj.step_s.a == doctest::Approx(step_at(f, base)).epsilon(1e-12));
+    CHECK(mj.gpu_total_bytes.a == doctest::Approx(mem_at(f, base)).epsilon(1e-12));
     for (int i = 0; i < kNumCoefs; ++i) {
       CAPTURE(coef_table()[i].name);
       const double h = 1e-6 * std::max(std::abs(base[i]), 1e-9);
@@ -48,8 +48,8 @@ TEST_CASE("Jet derivatives equal finite differences for every coefficient") {
       const double fd_mem = (mem_at(f, up) - mem_at(f, down)) / (2 * h);
       // Relative to the value's scale: the formula has kinks (max with 0) where
       // one-sided slopes differ; the configurations here sit away from them.
-      CHECK(std::abs(tj.step.v[i] - fd_step) * std::abs(base[i]) <= 1e-5 * tj.step.a + 1e-12);
-      CHECK(std::abs(mj.gpu_total.v[i] - fd_mem) * std::abs(base[i]) <= 1e-5 * mj.gpu_total.a + 1e-3);
+      CHECK(std::abs(tj.step_s.v[i] - fd_step) * std::abs(base[i]) <= 1e-5 * tj.step_s.a + 1e-12);
+      CHECK(std::abs(mj.gpu_total_bytes.v[i] - fd_mem) * std::abs(base[i]) <= 1e-5 * mj.gpu_total_bytes.a + 1e-3);
     }
   }
 }

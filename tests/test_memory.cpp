@@ -132,14 +132,14 @@ TEST_CASE("properties: memory never rises with the stage; offload moves bytes to
           TrainConfig c = config(stage, gpus);
           c.activation_checkpointing = ckpt;
           const Prediction p = evaluate(m, hw, c);
-          CHECK(p.memory.gpu_params + p.memory.gpu_grads + p.memory.gpu_opt_states <= previous * (1 + 1e-12));
-          previous = p.memory.gpu_params + p.memory.gpu_grads + p.memory.gpu_opt_states;
+          CHECK(p.memory.gpu_params_bytes + p.memory.gpu_grads_bytes + p.memory.gpu_opt_states_bytes <= previous * (1 + 1e-12));
+          previous = p.memory.gpu_params_bytes + p.memory.gpu_grads_bytes + p.memory.gpu_opt_states_bytes;
           if (stage >= 1) {
             TrainConfig o = c;
             o.offload_optimizer = OffloadDevice::kCpu;
             const Prediction q = evaluate(m, hw, o);
-            CHECK(q.memory.gpu_total < p.memory.gpu_total);
-            CHECK(q.memory.host_node_total > p.memory.host_node_total);
+            CHECK(q.memory.gpu_total_bytes < p.memory.gpu_total_bytes);
+            CHECK(q.memory.host_node_total_bytes > p.memory.host_node_total_bytes);
           }
         }
       }
@@ -153,7 +153,7 @@ TEST_CASE("8-bit AdamW saves 6 of 12 bytes per sharded parameter on the GPU") {
   const Prediction a = evaluate(m, hw, config(0, 1));
   const Prediction b = evaluate(m, hw, config(0, 1, OffloadDevice::kNone, OptimizerKind::kAdamW8bit));
   const double psi = static_cast<double>(m.total_params());
-  CHECK(a.memory.gpu_opt_states - b.memory.gpu_opt_states == doctest::Approx(psi * (6.0 - 8.0 / 2048.0)));
+  CHECK(a.memory.gpu_opt_states_bytes - b.memory.gpu_opt_states_bytes == doctest::Approx(psi * (6.0 - 8.0 / 2048.0)));
 }
 
 TEST_CASE("8-bit AdamW offloaded in bf16: split master weights save 2 bytes per parameter with parameter offload") {
@@ -172,7 +172,7 @@ TEST_CASE("8-bit AdamW offloaded in bf16: split master weights save 2 bytes per 
     CAPTURE(param_offload);
     TrainConfig c = config(3, 2, OffloadDevice::kCpu, OptimizerKind::kAdamW8bit);
     c.offload_params = param_offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
-    const double host = evaluate(m, hw, c).memory.host_per_rank - hw.coefs[kHostBytesPerRank];
+    const double host = evaluate(m, hw, c).memory.host_per_rank_bytes - hw.coefs[kHostBytesPerRank];
     // fp32 master weights for the small tensors (12 B of fp32 AdamW states + staging 2).
     const double expected = (psi - small) / 2 * (2 + 2 + 2 + 2 + 8.0 / 2048) + small / 2 * (12 + 2) +
                             (param_offload ? small / 2 * 2 : 0.0);

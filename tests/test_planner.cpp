@@ -32,7 +32,7 @@ TEST_CASE("recommend 6b on 2 GPUs: ranked, fitting, global batch respected") {
   for (size_t i = 0; i < res.ranked.size(); ++i) {
     const auto& p = res.ranked[i];
     CHECK(p.fits);
-    CHECK(p.memory.gpu_total <= p.gpu_memory_limit_bytes);
+    CHECK(p.memory.gpu_total_bytes <= p.gpu_memory_limit_bytes);
     CHECK(p.config.global_batch() == 64);
     if (i > 0) CHECK(ranking_score(res.ranked[i - 1]) >= ranking_score(p));
   }

@@ -79,17 +79,17 @@ TEST_CASE("ideal coefficients: step time is FLOPs over peak, by hand") {
   // flash): 2 x 2048^2 x 4096 x 32 = 1.09951e12. At 989.4 TFLOP/s:
   const double gemm_s = 2.0 * 2048 * 6'607'077'376.0 / 989.4e12;
   const double attn_s = 2.0 * 2048.0 * 2048.0 * 4096.0 * 32.0 / 989.4e12;
-  CHECK(t.forward == doctest::Approx(gemm_s + attn_s).epsilon(1e-9));
+  CHECK(t.forward_s == doctest::Approx(gemm_s + attn_s).epsilon(1e-9));
   // Backward: twice the GEMMs, 2.5x the attention (FlashAttention-2).
-  CHECK(t.backward == doctest::Approx(2 * gemm_s + 2.5 * attn_s).epsilon(1e-9));
+  CHECK(t.backward_s == doctest::Approx(2 * gemm_s + 2.5 * attn_s).epsilon(1e-9));
   // GPU AdamW: 28 bytes per parameter (read grad bf16 2 + master 4 + m 4 + v 4,
   // write master 4 + m 4 + v 4, bf16 copy 2) at 0.70 x 4.8 TB/s.
-  CHECK(t.optimizer == doctest::Approx(6'738'415'616.0 * 28.0 / (0.70 * 4.8e12)).epsilon(1e-9));
+  CHECK(t.optimizer_s == doctest::Approx(6'738'415'616.0 * 28.0 / (0.70 * 4.8e12)).epsilon(1e-9));
   // One rank, GAS 1: no communication; the whole step is OPT time.
-  CHECK(t.grad_comm_total == 0.0);
-  CHECK(t.param_gather_total == 0.0);
-  CHECK(t.gas == 0.0);
-  CHECK(t.step == doctest::Approx(t.forward + t.backward + t.optimizer));
+  CHECK(t.grad_comm_total_s == 0.0);
+  CHECK(t.param_gather_total_s == 0.0);
+  CHECK(t.gas_s == 0.0);
+  CHECK(t.step_s == doctest::Approx(t.forward_s + t.backward_s + t.optimizer_s));
 }
 
 TEST_CASE("collectives: all-reduce bus bandwidth matches nccl-tests on 2 x H200 (NV18)") {
@@ -126,8 +126,8 @@ TEST_CASE("properties over the configuration space") {
         // One rank: no communication at all.
         if (gpus == 1) {
           const Prediction p = evaluate(m, hw, config(stage, 1, 2, 4));
-          CHECK(p.time.grad_comm_total == 0.0);
-          CHECK(p.time.param_gather_total == 0.0);
+          CHECK(p.time.grad_comm_total_s == 0.0);
+          CHECK(p.time.param_gather_total_s == 0.0);
         }
         // GAS amortises per-step costs: tokens/s never falls as GAS grows; step time grows.
         double last_tps = 0, last_step = 0;
@@ -136,24 +136,24 @@ TEST_CASE("properties over the configuration space") {
           if (stage > 0) c.offload_optimizer = OffloadDevice::kCpu;
           const Prediction p = evaluate(m, hw, c);
           CHECK(p.throughput.tokens_per_s >= last_tps * (1 - 1e-12));
-          CHECK(p.time.step > last_step);
+          CHECK(p.time.step_s > last_step);
           // The founding report's columns: step = GAS + OPT; rank samples/s = micro x GAS / step.
-          CHECK(p.time.step == doctest::Approx(p.time.gas + p.time.opt));
-          CHECK(p.throughput.rank_samples_per_s == doctest::Approx(2.0 * gas / p.time.step));
+          CHECK(p.time.step_s == doctest::Approx(p.time.gas_s + p.time.opt_s));
+          CHECK(p.throughput.rank_samples_per_s == doctest::Approx(2.0 * gas / p.time.step_s));
           CHECK(p.throughput.world_samples_per_s == doctest::Approx(gpus * p.throughput.rank_samples_per_s));
           // Exposed time never exceeds the total.
-          CHECK(p.time.grad_comm <= p.time.grad_comm_total + 1e-15);
-          CHECK(p.time.param_gather <= p.time.param_gather_total + 1e-15);
-          CHECK(p.time.offload_transfer <= p.time.offload_transfer_total + 1e-15);
+          CHECK(p.time.grad_comm_s <= p.time.grad_comm_total_s + 1e-15);
+          CHECK(p.time.param_gather_s <= p.time.param_gather_total_s + 1e-15);
+          CHECK(p.time.offload_transfer_s <= p.time.offload_transfer_total_s + 1e-15);
           last_tps = p.throughput.tokens_per_s;
-          last_step = p.time.step;
+          last_step = p.time.step_s;
         }
         // Checkpointing adds one forward and lowers MFU (recompute is not model FLOPs).
         TrainConfig c = config(stage, gpus, 2, 2);
         const Prediction a = evaluate(m, hw, c);
         c.activation_checkpointing = true;
         const Prediction b = evaluate(m, hw, c);
-        CHECK(b.time.recompute == doctest::Approx(a.time.forward));
+        CHECK(b.time.recompute_s == doctest::Approx(a.time.forward_s));
         CHECK(b.throughput.mfu < a.throughput.mfu);
       }
     }
@@ -164,9 +164,9 @@ TEST_CASE("GAS time is (GAS - 1) non-boundary micro-batches") {
   // Stage 0, one GPU: every micro-batch is forward + backward; the last adds
   // the optimizer step.
   const Prediction p = evaluate(model("gpt-j-6b"), hardware("h200-sxm"), config(0, 1, 2, 5));
-  const double micro = (p.time.forward + p.time.backward) / 5.0;
-  CHECK(p.time.gas == doctest::Approx(4.0 * micro));
-  CHECK(p.time.opt == doctest::Approx(micro + p.time.optimizer));
+  const double micro = (p.time.forward_s + p.time.backward_s) / 5.0;
+  CHECK(p.time.gas_s == doctest::Approx(4.0 * micro));
+  CHECK(p.time.opt_s == doctest::Approx(micro + p.time.optimizer_s));
 }
 
 TEST_CASE("CPU AdamW: memory-bound on the shared host, by hand") {
@@ -188,23 +188,23 @@ TEST_CASE("CPU AdamW: memory-bound on the shared host, by hand") {
   const double bw = 1.0 / (1.0 / (16.0 * 16.0 * 1.7e9) + 1.0 / (0.94 * 160e9));
   CHECK(bw == doctest::Approx(111.8e9).epsilon(1e-3));
   const double mem_s = 6'738'415'616.0 * 28.0 / bw, arith_s = 6'738'415'616.0 * 15.0 / (16.0 * 16.0 * 2e9);
-  CHECK(p.time.optimizer_total == doctest::Approx(std::pow(std::pow(mem_s, 4) + std::pow(arith_s, 4), 0.25) + 1e-3).epsilon(1e-9));
-  CHECK(p.time.optimizer_total == doctest::Approx(mem_s + 1e-3).epsilon(1e-4));
+  CHECK(p.time.optimizer_total_s == doctest::Approx(std::pow(std::pow(mem_s, 4) + std::pow(arith_s, 4), 0.25) + 1e-3).epsilon(1e-9));
+  CHECK(p.time.optimizer_total_s == doctest::Approx(mem_s + 1e-3).epsilon(1e-4));
   // The pipeline hides it behind 0.8 of the last micro-batch's backward (GAS 1: all of it).
-  CHECK(p.time.optimizer == doctest::Approx(std::max(0.0, p.time.optimizer_total - 0.8 * p.time.backward)).epsilon(1e-9));
+  CHECK(p.time.optimizer_s == doctest::Approx(std::max(0.0, p.time.optimizer_total_s - 0.8 * p.time.backward_s)).epsilon(1e-9));
   // Two ranks on a two-GPU host share its DRAM: each updates half the
   // parameters, but both stream at once over 2 x 16 cores and the same DRAM:
   // 1 / (1/870.4 + 1/150.4) = 128.2 GB/s for all 6.74 B parameters.
   c.gpus_per_node = 2;
   const Prediction q = evaluate(m, hw, c);
   const double bw2 = 1.0 / (1.0 / (32.0 * 16.0 * 1.7e9) + 1.0 / (0.94 * 160e9));
-  CHECK(q.time.optimizer_total == doctest::Approx(6'738'415'616.0 * 28.0 / bw2 + 1e-3).epsilon(1e-4));
+  CHECK(q.time.optimizer_total_s == doctest::Approx(6'738'415'616.0 * 28.0 / bw2 + 1e-3).epsilon(1e-4));
   // Uploading the updated bf16 shard: 2 B x Psi / 2 over 0.95 x 55 GB/s.
-  CHECK(q.time.offload_transfer_total >= 6'738'415'616.0 / 2 * 2 / (0.95 * 55e9));
+  CHECK(q.time.offload_transfer_total_s >= 6'738'415'616.0 / 2 * 2 / (0.95 * 55e9));
   // 8-bit states move 2 + 8 + 2 x 2 + 2 = 16 B (+ absmax) instead of 28: faster when memory-bound.
   c.optimizer = OptimizerKind::kAdamW8bit;
   const Prediction r = evaluate(m, hw, c);
-  CHECK(r.time.optimizer_total < q.time.optimizer_total);
+  CHECK(r.time.optimizer_total_s < q.time.optimizer_total_s);
 }
 
 TEST_CASE("offload slows the step on fast GPUs, and GAS amortises it") {
@@ -218,7 +218,7 @@ TEST_CASE("offload slows the step on fast GPUs, and GAS amortises it") {
     const Prediction gpu = evaluate(m, hw, c);
     c.offload_optimizer = OffloadDevice::kCpu;
     const Prediction cpu = evaluate(m, hw, c);
-    CHECK(cpu.time.step > gpu.time.step);
+    CHECK(cpu.time.step_s > gpu.time.step_s);
     (gas == 1 ? ratio_gas1 : ratio_gas16) = cpu.throughput.tokens_per_s / gpu.throughput.tokens_per_s;
   }
   CHECK(ratio_gas1 < 0.7);
@@ -235,7 +235,7 @@ TEST_CASE("multi-node rings run at the inter-node bandwidth") {
   const Prediction b = evaluate(m, hw, two);
   // 8 ranks -> 16 ranks: bus factor rises from 7/8 to 15/16 and the link drops
   // from 450 to 50 GB/s: gradient reduction takes about 9x as long.
-  CHECK(b.time.grad_comm_total > 5.0 * a.time.grad_comm_total);
+  CHECK(b.time.grad_comm_total_s > 5.0 * a.time.grad_comm_total_s);
 }
 
 TEST_CASE("serial CPU offload (DeepSpeed's order) exposes the whole optimizer; the pipeline hides part of it") {
@@ -247,16 +247,16 @@ TEST_CASE("serial CPU offload (DeepSpeed's order) exposes the whole optimizer; t
   c.offload_pipeline = false;
   const Prediction serial = evaluate(m, hw, c);
   // Same work: the same optimizer, transfers and micro-batches.
-  CHECK(serial.time.optimizer_total == doctest::Approx(piped.time.optimizer_total));
-  CHECK(serial.time.gas == doctest::Approx(piped.time.gas));
+  CHECK(serial.time.optimizer_total_s == doctest::Approx(piped.time.optimizer_total_s));
+  CHECK(serial.time.gas_s == doctest::Approx(piped.time.gas_s));
   // Serial: nothing of the optimizer hides; the uploads and all-gathers follow it.
-  CHECK(serial.time.optimizer == doctest::Approx(serial.time.optimizer_total));
-  CHECK(serial.time.offload_transfer >= piped.time.offload_transfer - 1e-12);
-  CHECK(piped.time.optimizer < piped.time.optimizer_total);
-  CHECK(serial.time.step > piped.time.step);
+  CHECK(serial.time.optimizer_s == doctest::Approx(serial.time.optimizer_total_s));
+  CHECK(serial.time.offload_transfer_s >= piped.time.offload_transfer_s - 1e-12);
+  CHECK(piped.time.optimizer_s < piped.time.optimizer_total_s);
+  CHECK(serial.time.step_s > piped.time.step_s);
   // The difference is at most the part of the pipeline the last backward hid.
-  CHECK(serial.time.step - piped.time.step <=
-        piped.time.optimizer_total + piped.time.offload_transfer_total + piped.time.grad_comm_total);
+  CHECK(serial.time.step_s - piped.time.step_s <=
+        piped.time.optimizer_total_s + piped.time.offload_transfer_total_s + piped.time.grad_comm_total_s);
 }
 
 TEST_CASE("offload pipeline full: the next forward hides the tail, never more than itself, never less than nothing") {
@@ -273,15 +273,15 @@ TEST_CASE("offload pipeline full: the next forward hides the tail, never more th
       c.offload_overlap_forward = true;
       const Prediction full = evaluate(m, hw, c);
       // Same work; only the tail after the last backward shrinks.
-      CHECK(full.time.optimizer_total == doctest::Approx(on.time.optimizer_total));
-      CHECK(full.time.gas == doctest::Approx(on.time.gas));
-      const double tail_on = on.time.opt - on.time.backward / static_cast<double>(gas) -
-                             on.time.forward / static_cast<double>(gas);
-      const double saved = on.time.step - full.time.step;
+      CHECK(full.time.optimizer_total_s == doctest::Approx(on.time.optimizer_total_s));
+      CHECK(full.time.gas_s == doctest::Approx(on.time.gas_s));
+      const double tail_on = on.time.opt_s - on.time.backward_s / static_cast<double>(gas) -
+                             on.time.forward_s / static_cast<double>(gas);
+      const double saved = on.time.step_s - full.time.step_s;
       // Hand bound: what it hides is at most one micro-batch's forward (the one running
       // behind the CPU) and at most the tail itself.
       CHECK(saved >= -1e-12);
-      CHECK(saved <= on.time.forward / static_cast<double>(gas) + 1e-12);
+      CHECK(saved <= on.time.forward_s / static_cast<double>(gas) + 1e-12);
       CHECK(saved <= tail_on + 1e-12);
     }
   }
@@ -292,8 +292,8 @@ TEST_CASE("offload pipeline full: the next forward hides the tail, never more th
   const Prediction on = evaluate(m, hw, c);
   c.offload_overlap_forward = true;
   const Prediction full = evaluate(m, hw, c);
-  CHECK(on.time.step - full.time.step ==
-        doctest::Approx(hw.coefs[kFwdUploadOverlapFrac] * on.time.forward).epsilon(1e-9));
+  CHECK(on.time.step_s - full.time.step_s ==
+        doctest::Approx(hw.coefs[kFwdUploadOverlapFrac] * on.time.forward_s).epsilon(1e-9));
 }
 
 TEST_CASE("the founding report's OPT time is DeepSpeed's serial offload") {
@@ -316,8 +316,8 @@ TEST_CASE("the founding report's OPT time is DeepSpeed's serial offload") {
     const double measured = gas == 2 ? 23.50 : 23.68;
     c.offload_pipeline = false;
     const Prediction serial = evaluate(m, hw, c, pod);
-    CHECK(serial.time.opt == doctest::Approx(measured).epsilon(0.15));
+    CHECK(serial.time.opt_s == doctest::Approx(measured).epsilon(0.15));
     c.offload_pipeline = true;
-    CHECK(evaluate(m, hw, c, pod).time.opt < serial.time.opt);
+    CHECK(evaluate(m, hw, c, pod).time.opt_s < serial.time.opt_s);
   }
 }

@@ -472,28 +472,28 @@ StepTiming ZeroEngine::step_timing(const StepMarks& marks) {
   for (auto [a, b] : marks.upload_waits) upload_wait += rt_.elapsed_s(a, b);
   for (auto [a, b] : marks.bwd_waits) bwd_wait += rt_.elapsed_s(a, b);
   for (const MicroMarks& mm : marks.micro) {
-    t.forward += rt_.elapsed_s(mm.start, mm.fwd_end);
-    t.backward += rt_.elapsed_s(mm.fwd_end, mm.bwd_end);
+    t.forward_s += rt_.elapsed_s(mm.start, mm.fwd_end);
+    t.backward_s += rt_.elapsed_s(mm.fwd_end, mm.bwd_end);
     // With offload, the last micro-batch's exposed tail also holds the copies to the host.
-    t.grad_comm += rt_.elapsed_s(mm.bwd_end, mm.comm_done);
+    t.grad_comm_s += rt_.elapsed_s(mm.bwd_end, mm.comm_done);
   }
-  t.forward -= fwd_wait + upload_wait;
-  t.backward -= bwd_wait;
-  t.param_gather = fwd_wait + bwd_wait;
-  t.optimizer = rt_.elapsed_s(marks.opt, marks.opt_end);  // exposed: with offload, what the backward did not hide
+  t.forward_s -= fwd_wait + upload_wait;
+  t.backward_s -= bwd_wait;
+  t.param_gather_s = fwd_wait + bwd_wait;
+  t.optimizer_s = rt_.elapsed_s(marks.opt, marks.opt_end);  // exposed: with offload, what the backward did not hide
   if (offload() && cfg_.offload_overlap_forward) {
     // What this step's forward waited for: the previous step's last updates and uploads.
-    t.optimizer += upload_wait;
-    t.optimizer_cpu = outstanding_cpu_s_;  // the previous step's (this one's is still running)
+    t.optimizer_s += upload_wait;
+    t.optimizer_cpu_s = outstanding_cpu_s_;  // the previous step's (this one's is still running)
   } else if (offload()) {
-    t.offload_transfer += rt_.elapsed_s(marks.opt_end, marks.end);  // the last uploads (and all-gathers)
-    t.optimizer_cpu = worker_->seconds(step_);
+    t.offload_transfer_s += rt_.elapsed_s(marks.opt_end, marks.end);  // the last uploads (and all-gathers)
+    t.optimizer_cpu_s = worker_->seconds(step_);
   } else {
-    t.grad_comm += rt_.elapsed_s(marks.opt_end, marks.end);
+    t.grad_comm_s += rt_.elapsed_s(marks.opt_end, marks.end);
   }
-  t.step = rt_.elapsed_s(marks.step, marks.end);
-  t.gas = rt_.elapsed_s(marks.step, marks.last_micro);
-  t.opt = t.step - t.gas;
+  t.step_s = rt_.elapsed_s(marks.step, marks.end);
+  t.gas_s = rt_.elapsed_s(marks.step, marks.last_micro);
+  t.opt_s = t.step_s - t.gas_s;
   return t;
 }
 

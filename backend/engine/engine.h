@@ -70,10 +70,10 @@ struct EngineOptions {
 
 // Seconds, per step, on rank 0's clock; columns as in the planner's JSON.
 struct StepTiming {
-  double step = 0, gas = 0, opt = 0;
-  double forward = 0, backward = 0;  // backward includes the recomputation with checkpointing
-  double grad_comm = 0, param_gather = 0, offload_transfer = 0, optimizer = 0;  // exposed
-  double optimizer_cpu = 0;  // offload: the CPU optimizer's own time, hidden or not
+  double step_s = 0, gas_s = 0, opt_s = 0;
+  double forward_s = 0, backward_s = 0;  // backward includes the recomputation with checkpointing
+  double grad_comm_s = 0, param_gather_s = 0, offload_transfer_s = 0, optimizer_s = 0;  // exposed
+  double optimizer_cpu_s = 0;  // offload: the CPU optimizer's own time, hidden or not
 };
 
 struct StepResult {
