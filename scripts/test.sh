@@ -8,4 +8,6 @@ if [[ ! -f build/build.ninja ]]; then
 fi
 cmake --build build -j "$(nproc)"
 cd build
-ctest -LE gpu --output-on-failure "$@"
+# Default: everything without a GPU. Arguments replace it (e.g. -LE "gpu|slow": the in-process tests only).
+if [[ $# -eq 0 ]]; then set -- -LE gpu; fi
+ctest --output-on-failure "$@"
