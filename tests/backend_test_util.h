@@ -60,13 +60,14 @@ inline int train(const std::string& args, std::string* stderr_text = nullptr) {
   const std::string cmd = g_train + " --device " + g_device + " --quiet --data " + (test::data_dir() / "text" / "kjv_genesis_exodus.txt").string() +
                           " " + args + " 2>" + err.string();
   const int status = std::system(cmd.c_str());
-  if (stderr_text) {
-    std::ifstream in(err);
-    std::ostringstream s;
-    s << in.rdbuf();
-    *stderr_text = s.str();
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  std::ifstream in(err);
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (stderr_text) *stderr_text = s.str();
+  // A run that was meant to succeed and did not: its stderr goes to the test's output.
+  else if (rc != 0) std::fprintf(stderr, "train %s exited %d:\n%s\n", args.c_str(), rc, s.str().c_str());
+  return rc;
 }
 
 inline torch::Tensor load_params(const fs::path& p) {
