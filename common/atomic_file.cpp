@@ -1,14 +1,25 @@
 #include "common/atomic_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "common/errors.h"
 
 namespace stepcast {
+
+namespace {
+
+[[noreturn]] void cannot_write(const std::filesystem::path& path, int error) {
+  throw InputError(path.string() + ": cannot write: " + std::strerror(error));
+}
+
+}  // namespace
 
 void write_file_atomic(const std::filesystem::path& path, const std::string& text) {
   namespace fs = std::filesystem;
@@ -17,20 +28,29 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& tex
   if (!fs::is_directory(dir, ec))
     throw InputError(path.string() + ": cannot write: folder '" + dir.string() + "' does not exist");
   if (fs::is_directory(path, ec)) throw InputError(path.string() + ": cannot write: it is a folder");
-  const fs::path tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw InputError(path.string() + ": cannot write: " + std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
-                  ::fsync(::fileno(f)) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
-    fs::remove(tmp, ec);
-    throw InputError(path.string() + ": cannot write: " + std::strerror(errno));
+  // An unpredictable name, created exclusively (mkstemp: O_CREAT | O_EXCL, so that a planted
+  // file or link of that name makes it fail instead of being followed).
+  std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) cannot_write(path, errno);
+  const fs::path tmp(name.data());
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  int error = 0;
+  if (::fchmod(fd, 0666 & ~mask) != 0) error = errno;
+  for (size_t done = 0; error == 0 && done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno != EINTR) error = errno;
+    if (n > 0) done += static_cast<size_t>(n);
   }
-  fs::rename(tmp, path, ec);
-  if (ec) {
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) {
     fs::remove(tmp, ec);
-    throw InputError(path.string() + ": cannot write: " + ec.message());
+    cannot_write(path, error);
   }
 }
 

@@ -1,5 +1,12 @@
 // The planner's search, ranking, explanations and launcher configs.
 #include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/atomic_file.h"
 
 #include "common/errors.h"
 #include "planner/deepspeed_config.h"
@@ -175,4 +182,34 @@ TEST_CASE("plans beyond the calibrated micro-batches are flagged as extrapolated
   CHECK(plans_table({evaluate(m, hw, c)}, ctx).find("beyond the calibration runs") != std::string::npos);
   // An uncalibrated profile has no range to leave.
   CHECK_FALSE(beyond_calibration(hardware("a40"), 64, 4096));
+}
+
+TEST_CASE("write_file_atomic: the whole text or nothing, no temporary left, one clear error") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("stepcast_atomic_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path target = dir / "out.json";
+  write_file_atomic(target, "first");
+  write_file_atomic(target, "second, longer");
+  std::ifstream in(target);
+  std::stringstream got;
+  got << in.rdbuf();
+  CHECK(got.str() == "second, longer");
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) entries += e.path().filename() == "out.json" ? 0 : 1;
+  CHECK(entries == 0);  // no temporary file left beside it
+  // A folder that does not exist, and a target that is a folder: InputError naming the path.
+  CHECK_THROWS_WITH_AS(write_file_atomic(dir / "missing" / "x.json", "x"), doctest::Contains("missing/x.json"),
+                       InputError);
+  CHECK_THROWS_AS(write_file_atomic(dir, "x"), InputError);
+  // A folder that cannot be written (not as root, who may write anywhere): the reason, not "Success".
+  fs::create_directories(dir / "ro");
+  fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+  if (::geteuid() != 0) {
+    CHECK_THROWS_WITH_AS(write_file_atomic(dir / "ro" / "x.json", "x"), doctest::Contains("Permission denied"),
+                         InputError);
+  }
+  fs::permissions(dir / "ro", fs::perms::owner_all);
+  fs::remove_all(dir);
 }
