@@ -31,6 +31,7 @@
 #include "backend/optim/quant8.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
+#include "common/process.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -104,3 +104,26 @@ TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL
 }
 
 int main(int argc, char** argv) { return stepcast::test::run_tests(argc, argv); }
+
+TEST_CASE("calibrate measure passes flags as arguments, never through a shell") {
+  // A --device value with shell syntax reaches train as one argument (which rejects it), and a
+  // folder with a space in its name works: no command line is ever built from strings.
+  const std::string calibrate = (fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate").string();
+  const fs::path dir = tmpdir() / "shell test", planted = tmpdir() / "planted";
+  remove_tree(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "list.txt") << "test-llama-tiny 1 --stage 0 --precision fp32 --seq 32 --micro-batch 2\n";
+  const std::string log = (dir / "log.txt").string();
+  const SpawnResult bad = spawn_and_wait({calibrate, "measure", "--list", (dir / "list.txt").string(), "--out",
+                                          (dir / "out").string(), "--steps", "2", "--no-micro", "--train", g_train,
+                                          "--device", "cpu; touch " + planted.string() + " #"},
+                                         log, log);
+  CHECK(bad.exit_status != 0);
+  CHECK_FALSE(fs::exists(planted));
+  const SpawnResult good = spawn_and_wait({calibrate, "measure", "--list", (dir / "list.txt").string(), "--out",
+                                           (dir / "out").string(), "--steps", "2", "--no-micro", "--train", g_train,
+                                           "--device", g_device},
+                                          log, log);
+  CHECK(good.exit_status == 0);
+  CHECK(calibrate::load_runs({dir / "out" / "runs.jsonl"}, test::data_dir()).size() == 1);
+}
