@@ -19,9 +19,8 @@ namespace {
   throw InputError(path.string() + ": cannot write: " + std::strerror(error));
 }
 
-}  // namespace
-
-void write_file_atomic(const std::filesystem::path& path, const std::string& text) {
+// Writes `text` to a new temporary file beside `path` (checked, synced) and returns its name.
+std::filesystem::path stage(const std::filesystem::path& path, const std::string& text) {
   namespace fs = std::filesystem;
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   std::error_code ec;
@@ -47,10 +46,40 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& tex
   }
   if (error == 0 && ::fsync(fd) != 0) error = errno;
   if (::close(fd) != 0 && error == 0) error = errno;
-  if (error == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) error = errno;
   if (error != 0) {
     fs::remove(tmp, ec);
     cannot_write(path, error);
+  }
+  return tmp;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::filesystem::path& path, const std::string& text) {
+  write_files_atomic({{path, text}});
+}
+
+void write_files_atomic(const std::vector<std::pair<std::filesystem::path, std::string>>& files) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (size_t i = 0; i < files.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (fs::weakly_canonical(files[i].first, ec) == fs::weakly_canonical(files[j].first, ec))
+        throw InputError(files[i].first.string() + ": named for two outputs; give each its own file");
+  // Every file staged before any is renamed into place: a failure writes none of them.
+  std::vector<fs::path> staged;
+  try {
+    for (const auto& [path, text] : files) staged.push_back(stage(path, text));
+  } catch (...) {
+    for (const auto& t : staged) fs::remove(t, ec);
+    throw;
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (::rename(staged[i].c_str(), files[i].first.c_str()) != 0) {
+      const int error = errno;
+      for (size_t k = i; k < staged.size(); ++k) fs::remove(staged[k], ec);
+      cannot_write(files[i].first, error);
+    }
   }
 }
 

@@ -137,12 +137,11 @@ std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec
   const std::string ds_text = lc.deepspeed.dump(2) + "\n";
   std::string yaml;
   if (!o.accelerate_config.empty()) yaml = accelerate_yaml(plan.config, o.deepspeed_config);
-  write_file_atomic(o.deepspeed_config, ds_text);
+  std::vector<std::pair<std::filesystem::path, std::string>> files{{o.deepspeed_config, ds_text}};
+  if (!yaml.empty()) files.emplace_back(o.accelerate_config, yaml);
+  write_files_atomic(files);  // both or neither
   notes.push_back("DeepSpeed config written to " + o.deepspeed_config);
-  if (!yaml.empty()) {
-    write_file_atomic(o.accelerate_config, yaml);
-    notes.push_back("Accelerate config written to " + o.accelerate_config);
-  }
+  if (!yaml.empty()) notes.push_back("Accelerate config written to " + o.accelerate_config);
   for (const auto& n : lc.notes) notes.push_back(n);
   if (!under_deepspeed.empty()) notes.push_back(under_deepspeed);
   return notes;

@@ -142,5 +142,16 @@ grep -q "under DeepSpeed" "$TMP/ds_full.out" && ok || bad "DeepSpeed note for a 
 "$PLANNER" hardware --json | python3 -c "import json,sys; assert len(json.load(sys.stdin)) >= 7" && ok || bad "hardware --json"
 "$PLANNER" --help >/dev/null && ok || bad "--help"
 
+# --deepspeed-config A --accelerate-config B: both or neither. B unwritable leaves A as it was;
+# the same path for both is refused, one line, nothing written.
+printf 'keep me' >"$TMP/pair_ds.json"
+expect_error "pair: second unwritable" "nope/acc.yaml: cannot write" recommend --model 6b --gpus 2 \
+  --deepspeed-config "$TMP/pair_ds.json" --accelerate-config "$TMP/nope/acc.yaml"
+[[ "$(cat "$TMP/pair_ds.json")" == "keep me" ]] && ok || bad "pair: the DeepSpeed config was replaced although the Accelerate one failed"
+expect_error "pair: same path" "named for two outputs" recommend --model 6b --gpus 2 \
+  --deepspeed-config "$TMP/pair_ds.json" --accelerate-config "$TMP/pair_ds.json"
+[[ "$(cat "$TMP/pair_ds.json")" == "keep me" ]] && ok || bad "pair: same path overwrote the file"
+ls -a "$TMP" | grep -q '\.tmp\.' && bad "pair: a temporary file was left" || ok
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
