@@ -114,7 +114,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
   const std::vector<LogicalCpu> host_cpus = allowed_cpus();
   const std::vector<int> rank_cores = rank_cpus(host_cpus, rv.local_rank, std::max(1, local_world));
   bind_cpus(rank_cores, cfg.cpu_bind);
-  select_simd(simd_level_of(cfg.cpu_simd));
+  select_simd(cfg.cpu_simd);
   const int share = physical_cores(host_cpus, rank_cores);
   std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
   at::set_num_threads(share);

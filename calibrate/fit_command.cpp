@@ -14,6 +14,7 @@
 #include "calibrate/run_record.h"
 #include "common/atomic_file.h"
 #include "common/errors.h"
+#include "common/text_file.h"
 #include "common/hash.h"
 #include "model/hardware.h"
 #include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
@@ -53,7 +54,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
 
   // Data hash: every runs file's bytes, in the order given.
   std::string all;
-  for (const auto& f : files) all += read_text(f);
+  for (const auto& f : files) all += read_text_file(f);
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
@@ -74,7 +75,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
               fnv1a64_hex(all) + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
               " held out, seed " + std::to_string(seed) + "; " + std::to_string(micro.size()) +
               " micro-benchmarks in the component fit); " + fit.summary;
-  const std::string text = with_calibrated_coefficients(read_text(hw.path), cc);
+  const std::string text = with_calibrated_coefficients(read_text_file(hw.path), cc);
   const std::string target = out_path.empty() ? hw.path : out_path;
   parse_hardware_profile(text, target);  // what we write must read back
   write_file_atomic(target, text);

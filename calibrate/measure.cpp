@@ -4,8 +4,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "calibrate/report.h"
+#include "calibrate/run_record.h"
 #include "common/errors.h"
+#include "common/text_file.h"
 #include "model/train_config_json.h"
 
 namespace stepcast::calibrate {
@@ -113,7 +114,7 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
   // The micro-benchmarks first (OUT/micro.jsonl, skipped once a run of them has completed).
   if (micro) {
     const fs::path micro_out = fs::path(out_dir) / "micro.jsonl";
-    const bool complete = fs::exists(micro_out) && read_text(micro_out).find("\"micro_done\"") != std::string::npos;
+    const bool complete = fs::exists(micro_out) && read_text_file(micro_out).find("\"micro_done\"") != std::string::npos;
     if (complete) {
       std::fprintf(stderr, "calibrate: micro-benchmarks already in %s\n", micro_out.string().c_str());
     } else {

@@ -17,14 +17,6 @@ namespace stepcast::calibrate {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw InputError(p.string() + ": cannot open file");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const HardwareProfile& hw, double holdout_frac,
                               uint64_t seed) {
   std::vector<Row> rows;

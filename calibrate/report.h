@@ -29,8 +29,6 @@ nlohmann::json summarize(const std::vector<Row>& rows, bool holdout);
 nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw);
 std::string svg_plot(const std::vector<Row>& rows, const std::string& title);
 
-// The whole of a file (InputError naming it when it cannot be read).
-std::string read_text(const std::filesystem::path& p);
 // --runs as paths; InputError when it names none.
 std::vector<std::filesystem::path> to_paths(const std::vector<std::string>& v);
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/text_file.h"
 #include "model/toml_reader.h"
 
 namespace stepcast {
@@ -167,16 +168,8 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   return hw;
 }
 
-static std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path.string() + ": cannot open file");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
-
 HardwareProfile load_hardware_profile(const fs::path& path) {
-  return parse_hardware_profile(read_text(path), path.string());
+  return parse_hardware_profile(read_text_file(path), path.string());
 }
 
 std::vector<std::string> list_hardware(const fs::path& data_dir) {
@@ -213,7 +206,7 @@ std::string with_calibrated_coefficients(const std::string& profile_text, const 
   for (const auto& info : coef_table()) sec << info.name << " = " << c.values[info.id] << "\n";
   sec << "\n[coefficients.std_errors]\n";
   for (const auto& info : coef_table())
-    if (c.std_errors[info.id] > 0) sec << info.name << " = " << c.std_errors[info.id] << "\n";
+    if (!c.std_errors.empty() && c.std_errors[info.id] > 0) sec << info.name << " = " << c.std_errors[info.id] << "\n";
   if (!c.covariance.empty()) {
     sec << "\n[coefficients.covariance]\nnames = [";
     for (size_t i = 0; i < c.free.size(); ++i) sec << (i ? ", " : "") << '"' << coef_table()[c.free[i]].name << '"';

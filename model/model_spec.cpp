@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/text_file.h"
 #include "model/toml_reader.h"
 
 namespace stepcast {
@@ -151,16 +152,8 @@ ModelSpec parse_model_card(const std::string& text, const std::string& origin) {
   return m;
 }
 
-static std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path.string() + ": cannot open file");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
-
 ModelSpec load_model_card(const fs::path& path) {
-  return parse_model_card(read_file(path), path.string());
+  return parse_model_card(read_text_file(path), path.string());
 }
 
 // ---------------------------------------------------------------------------
@@ -345,7 +338,7 @@ ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
 
 ModelSpec load_hf_config(const fs::path& path) {
   fs::path file = fs::is_directory(path) ? path / "config.json" : path;
-  return parse_hf_config(read_file(file), file.string());
+  return parse_hf_config(read_text_file(file), file.string());
 }
 
 // ---------------------------------------------------------------------------
@@ -358,7 +351,7 @@ std::vector<CatalogEntry> list_model_catalog(const fs::path& data_dir) {
   if (!fs::is_directory(dir, ec)) throw InputError(dir.string() + ": model catalog folder not found");
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".toml") continue;
-    toml::table table = TomlReader::parse(read_file(entry.path()), entry.path().string());
+    toml::table table = TomlReader::parse(read_text_file(entry.path()), entry.path().string());
     TomlReader r(table, entry.path().string());
     out.push_back({r.get_string("name"), r.get_string_array_or("aliases"), entry.path()});
   }

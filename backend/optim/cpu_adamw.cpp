@@ -120,10 +120,6 @@ SimdLevel cpu_simd_level() {
   return level;
 }
 
-const char* simd_name(SimdLevel l) {
-  return l == SimdLevel::kAvx512 ? "avx512" : l == SimdLevel::kAvx2 ? "avx2" : "scalar";
-}
-
 namespace {
 
 std::atomic<SimdLevel> g_selected{SimdLevel::kAuto};
@@ -149,16 +145,6 @@ void select_simd(SimdLevel level) {
 SimdLevel selected_simd() {
   const SimdLevel s = g_selected.load();
   return s == SimdLevel::kAuto ? cpu_simd_level() : s;
-}
-
-SimdLevel simd_level_of(CpuSimd setting) {
-  switch (setting) {
-    case CpuSimd::kScalar: return SimdLevel::kScalar;
-    case CpuSimd::kAvx2: return SimdLevel::kAvx2;
-    case CpuSimd::kAvx512: return SimdLevel::kAvx512;
-    case CpuSimd::kAuto: break;
-  }
-  return SimdLevel::kAuto;
 }
 
 void cpu_parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn) {

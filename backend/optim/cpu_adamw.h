@@ -15,9 +15,10 @@ namespace stepcast::backend {
 
 // The instruction set the update runs with, chosen at run time (kAuto: the
 // widest the CPU has).
-enum class SimdLevel { kAuto, kScalar, kAvx2, kAvx512 };
+// The flag's setting (model/train_config.h: CpuSimd) is the level itself.
+using SimdLevel = CpuSimd;
 SimdLevel cpu_simd_level();
-const char* simd_name(SimdLevel level);
+inline const char* simd_name(SimdLevel level) { return cpu_simd_name(level); }
 
 // What kAuto resolves to: the level `train --cpu-simd` selected, else the widest
 // this CPU has (on the H200 host's Xeon, AVX-512 is the fastest for the bf16
@@ -25,7 +26,6 @@ const char* simd_name(SimdLevel level);
 // throws InputError for a level this CPU lacks; kAuto restores the default.
 void select_simd(SimdLevel level);
 SimdLevel selected_simd();
-SimdLevel simd_level_of(CpuSimd setting);
 
 // Threads of the CPU optimizer and accumulation (a rank's share of the host's
 // cores); 0 = all hardware threads. Own std::threads, not OpenMP's pool.
