@@ -4,7 +4,9 @@
 //   train --model llama-2-7b --stage 2 --micro-batch 4 --gas 4 --steps 10 --nproc 2
 //   train --plan plan.json --data data/text/kjv_genesis_exodus.txt --json-out runs.jsonl
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
+#include <sstream>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -46,8 +48,10 @@ struct Flags {
   uint64_t seed = 1234;
   bool quiet = false;
   bool dry_run = false;
+  int timeout_s = 120;      // rendezvous and Gloo collectives
   int fault_rank = -1;     // testing: this rank exits abruptly at fault_step
   int64_t fault_step = 0;
+  std::string fault_in = "step";  // testing: "step" (before the step's work) or "save" (while saving)
 };
 
 std::filesystem::path data_dir(const Flags& f) { return resolve_data_dir(f.data_dir); }
@@ -96,7 +100,9 @@ std::string out_of_memory_message(int rank, const std::string& when, const std::
 }
 
 int run_rank(const Flags& f, const CLI::App& app) {
-  const Rendezvous rv = rendezvous_from_env(120);
+  die_with_launcher();
+  if (f.timeout_s < 1) throw InputError("--timeout-s " + std::to_string(f.timeout_s) + " must be at least 1");
+  const Rendezvous rv = rendezvous_from_env(f.timeout_s);
   const int local_world = rv.local_world;
   const bool lead = rv.rank == 0;
 
@@ -120,7 +126,18 @@ int run_rank(const Flags& f, const CLI::App& app) {
   at::set_num_threads(share);
   set_cpu_threads(f.cpu_threads > 0 ? f.cpu_threads : std::max(1, share > 2 ? share - 1 : share));
 
-  Connection conn = connect(rv, *rt);
+  Connection conn;
+  try {
+    conn = connect(rv, *rt);
+  } catch (const IoError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The store or the process group gave up waiting for the other ranks.
+    const std::string what = e.what();
+    throw IoError("rank " + std::to_string(rv.rank) + ": no rendezvous of " + std::to_string(rv.world) + " ranks at " +
+                  rv.master_addr + ":" + std::to_string(rv.master_port) + " within --timeout-s " +
+                  std::to_string(f.timeout_s) + " (" + what.substr(0, what.find('\n')) + ")");
+  }
   std::unique_ptr<Collectives>& comm = conn.comm;
 
   EngineOptions eo;
@@ -174,11 +191,10 @@ int run_rank(const Flags& f, const CLI::App& app) {
                 "pred step", "pred tok/s", "peak mem");
     std::printf("%5s %9s %9s %9s %9s %10s %6s %9s %9s %9s\n", "", "", "s", "s", "s", "", "%", "s", "", "GiB");
   }
-  std::ofstream jsonl;
-  if (lead && !f.json_out.empty()) {
-    jsonl.open(f.json_out, std::ios::app);
-    if (!jsonl) throw InputError(f.json_out + ": cannot open the --json-out file for appending");
-  }
+  // Each step's record is appended as one whole line (append_lines), so that a run killed
+  // mid-write leaves at most a torn last line, which readers skip.
+  const bool write_jsonl = lead && !f.json_out.empty();
+  if (write_jsonl) append_lines(f.json_out, "");  // fails now, naming --json-out's path, not after the first step
 
   const double tokens_per_step = static_cast<double>(cfg.micro_batch * cfg.seq_len * cfg.gas * rv.world);
   const double flops_per_token =
@@ -189,7 +205,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
     std::vector<torch::Tensor> micro;
     for (int64_t mb = 0; mb < cfg.gas; ++mb)
       micro.push_back(tokens.batch(step, mb, rv.rank, cfg.micro_batch, cfg.seq_len).to(rt->device()));
-    if (rv.rank == f.fault_rank && step == f.fault_step) {
+    if (rv.rank == f.fault_rank && step == f.fault_step && f.fault_in == "step") {
       std::fprintf(stderr, "train: rank %d: injected fault at step %lld\n", rv.rank, static_cast<long long>(step));
       std::fflush(stderr);
       std::_Exit(7);  // abrupt, as a crashed rank: no destructors, no goodbye to the other ranks
@@ -214,7 +230,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
                   reserved / kBytesPerGiB);
       std::fflush(stdout);
     }
-    if (jsonl.is_open()) {
+    if (write_jsonl) {
       nlohmann::json j;
       j["model"] = spec.name;
       j["params"] = spec.total_params();
@@ -237,17 +253,17 @@ int run_rank(const Flags& f, const CLI::App& app) {
                           {"gpu_memory_bytes", pred->memory.gpu_total_bytes}};
       }
       j["env"] = env;
-      jsonl << j.dump() << "\n";
-      jsonl.flush();
+      append_lines(f.json_out, j.dump() + "\n");
     }
   }
-  if (!f.save.empty()) engine->save(f.save);
+  if (!f.save.empty())
+    engine->save(f.save, STEPCAST_GIT_COMMIT, f.fault_in == "save" ? f.fault_rank : -1);
   if (!f.dump_params.empty()) {
     torch::Tensor all = engine->full_params_fp32();
     if (lead) {
-      const std::string tmp = f.dump_params + ".tmp";
-      torch::save(all, tmp);
-      std::filesystem::rename(tmp, f.dump_params);
+      std::ostringstream bytes;
+      torch::save(all, bytes);
+      write_file_atomic(f.dump_params, bytes.str());
     }
   }
   comm->barrier();
@@ -300,13 +316,21 @@ int main_impl(int argc, char** argv) {
   app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay")->capture_default_str();
   app.add_option("--seed", f.seed, "initialisation and data seed")->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "folder with models/ and hardware/");
+  app.add_option("--timeout-s", f.timeout_s, "seconds to wait for the other ranks at the rendezvous and in a "
+                 "collective (Gloo)")->capture_default_str();
   app.add_flag("--quiet", f.quiet, "print nothing per step");
   app.add_flag("--dry-run", f.dry_run,
                "print the model and configuration this run would record (one JSON line) and exit");
   app.add_option("--inject-fault-rank", f.fault_rank, "testing: make this rank die abruptly")->group("");
   app.add_option("--inject-fault-step", f.fault_step, "testing: at this step")->group("");
+  app.add_option("--inject-fault-in", f.fault_in, "testing: step | save")->group("");
   if (const auto status = parse_cli(app, argc, argv, "train")) return *status;
   if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
+  if (f.fault_in != "step" && f.fault_in != "save")
+    throw InputError("--inject-fault-in \"" + f.fault_in + "\" is not valid (valid: step, save)");
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported as such, instead
+  // of killing the process with SIGXFSZ in the middle of a checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (f.dry_run) {
     // What run_rank records, for ranks on one host: --nproc GPUs, one node.
     const ModelSpec spec = resolve_model(f.model, data_dir(f));

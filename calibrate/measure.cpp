@@ -1,10 +1,12 @@
 #include "calibrate/measure.h"
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "calibrate/run_record.h"
+#include "common/atomic_file.h"
 #include "common/errors.h"
 #include "common/text_file.h"
 #include "model/train_config_json.h"
@@ -111,6 +113,17 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
     for (const auto& r : load_runs({runs}, resolve_data_dir(dir))) have[r.key] = r.steps;
   const auto t0 = std::chrono::steady_clock::now();
   int done = 0, skipped = 0, failed = 0;
+  // Ctrl-C or SIGTERM stops between configurations: the one that was running is dropped
+  // (its steps are incomplete), runs.jsonl keeps every completed one.
+  const InterruptGuard guard;
+  const auto stop_if_interrupted = [&](size_t completed) {
+    if (interrupt_signal() == 0) return;
+    std::error_code ec;
+    fs::remove(fs::path(out_dir) / ".current.jsonl", ec);
+    throw InterruptedError(std::string(strsignal(interrupt_signal())) + " after " + std::to_string(completed) + " of " +
+                           std::to_string(items.size()) + " configurations; " + runs.string() +
+                           " holds every completed one (rerun to resume)");
+  };
   // The micro-benchmarks first (OUT/micro.jsonl, skipped once a run of them has completed).
   if (micro) {
     const fs::path micro_out = fs::path(out_dir) / "micro.jsonl";
@@ -128,6 +141,7 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
       if (!dir.empty()) argv.insert(argv.end(), {"--data-dir", dir});
       for (const std::string& w : split_words(micro_flags)) argv.push_back(w);
       const SpawnResult r = spawn_and_wait(argv);
+      stop_if_interrupted(0);
       if (r.exit_status != 0) {
         std::fprintf(stderr, "calibrate: microbench failed (exit %d); the step runs go on\n", r.exit_status);
         ++failed;
@@ -160,16 +174,26 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
     launch.flags = it.flags;
     launch.json_out = mine.string();
     // Resume: a configuration whose key already has enough measured steps in runs.jsonl is skipped.
-    const std::string key = planned_config_key(launch, out_dir);
+    std::string key;
+    try {
+      key = planned_config_key(launch, out_dir);
+    } catch (const InputError&) {
+      stop_if_interrupted(i);
+      throw;
+    }
+    stop_if_interrupted(i);
     if (have.count(key) && have[key] >= steps - 1) {
       ++skipped;
       continue;
     }
-    if (run_train(launch, log).exit_status != 0) ++failed;
+    const int rc = run_train(launch, log).exit_status;
+    stop_if_interrupted(i);
+    if (rc != 0) ++failed;
     if (fs::exists(mine)) {
       const auto recs = load_runs({mine}, resolve_data_dir(dir));
-      std::ifstream src(mine, std::ios::binary);
-      std::ofstream(runs, std::ios::app) << src.rdbuf();
+      std::string lines = read_text_file(mine);
+      lines.resize(lines.rfind('\n') + 1);  // whole lines only (npos + 1 == 0: none)
+      if (!lines.empty()) append_lines(runs, lines);
       for (const auto& r : recs) have[r.key] += r.steps;
       fs::remove(mine);
     }

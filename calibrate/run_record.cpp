@@ -8,6 +8,8 @@
 #include "common/errors.h"
 #include "common/hash.h"
 #include "common/stats.h"
+#include "common/text_file.h"
+#include <cstdio>
 
 namespace stepcast::calibrate {
 
@@ -15,11 +17,17 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
                     const std::function<void(const std::filesystem::path& file, const std::string& where,
                                              const nlohmann::json& j)>& fn) {
   for (const auto& file : files) {
-    std::ifstream in(file);
-    if (!in) throw InputError(file.string() + ": cannot open the runs file");
-    std::string line;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(file, ec)) throw InputError(file.string() + ": cannot open the runs file");
+    const std::string text = read_text_file(file);
+    size_t begin = 0;
     int line_no = 0;
-    while (std::getline(in, line)) {
+    while (begin < text.size()) {
+      size_t end = text.find('\n', begin);
+      const bool torn_candidate = end == std::string::npos;  // the last line, with no newline after it
+      if (torn_candidate) end = text.size();
+      const std::string line = text.substr(begin, end - begin);
+      begin = end + 1;
       ++line_no;
       if (line.empty() || (!prefilter.empty() && line.find(prefilter) == std::string::npos)) continue;
       const std::string where = file.string() + ":" + std::to_string(line_no);
@@ -27,6 +35,12 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
       try {
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
+        // A writer killed mid-append leaves a torn last line: the records before it stand.
+        if (torn_candidate) {
+          std::fprintf(stderr, "calibrate: warning: %s: the last line is incomplete (an interrupted write); ignored\n",
+                       where.c_str());
+          break;
+        }
         throw InputError(where + ": malformed JSON: " + e.what());
       }
       fn(file, where, j);

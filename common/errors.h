@@ -5,6 +5,11 @@
 //    would be valid. Exit status 2.
 //  - OutOfMemoryError: the run does not fit on the device (exit status 3).
 //  - NonFiniteLossError: training diverged (exit status 4).
+//  - IoError: the system refused a read or write the input was fine for (disk
+//    full, a file-size limit, permission, an I/O error); names the path and the
+//    system's reason. Exit status 5.
+//  - InterruptedError: the user stopped the program (SIGINT/SIGTERM) between
+//    units of work; what is written stays consistent. Exit status 130.
 //  - InternalError / STEPCAST_ASSERT: a broken invariant, i.e. our own bug; names
 //    the expression, file and line (as c10's internal asserts do). Exit status 1,
 //    as every other unexpected failure.
@@ -38,6 +43,27 @@ class NonFiniteLossError : public std::runtime_error {
   int64_t step_;
 };
 
+class IoError : public std::runtime_error {
+ public:
+  explicit IoError(const std::string& message) : std::runtime_error(message) {}
+};
+
+class InterruptedError : public std::runtime_error {
+ public:
+  explicit InterruptedError(const std::string& message) : std::runtime_error(message) {}
+};
+
+// Another rank of the same run failed and has said why on stderr: this rank
+// exits with the same status and adds no line of its own.
+class PeerFailure : public std::runtime_error {
+ public:
+  PeerFailure(int exit_status, const std::string& message) : std::runtime_error(message), exit_status_(exit_status) {}
+  int exit_status() const { return exit_status_; }
+
+ private:
+  int exit_status_;
+};
+
 class InternalError : public std::logic_error {
  public:
   explicit InternalError(const std::string& message) : std::logic_error(message) {}
@@ -55,6 +81,8 @@ enum ExitStatus : int {
   kExitBadInput = 2,     // InputError, or a command line that does not parse
   kExitOutOfMemory = 3,  // OutOfMemoryError
   kExitNonFinite = 4,    // NonFiniteLossError
+  kExitIo = 5,           // IoError: disk full, file-size limit, permission, I/O error
+  kExitInterrupted = 130,  // InterruptedError (128 + SIGINT, as a shell reports Ctrl-C)
 };
 
 }  // namespace stepcast

@@ -32,6 +32,14 @@ int run_main(const char* tool, const std::function<int()>& body) {
   } catch (const NonFiniteLossError& e) {
     std::fprintf(stderr, "%s: stopped: %s\n", tool, e.what());
     return kExitNonFinite;
+  } catch (const PeerFailure& e) {
+    return e.exit_status();
+  } catch (const IoError& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
+    return kExitIo;
+  } catch (const InterruptedError& e) {
+    std::fprintf(stderr, "%s: interrupted: %s\n", tool, e.what());
+    return kExitInterrupted;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool, one_line(e.what()).c_str());
     return kExitFailure;

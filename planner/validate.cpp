@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/errors.h"
 #include "common/process.h"
+#include "common/text_file.h"
 #include "planner/report.h"
 
 namespace stepcast {
@@ -22,9 +24,11 @@ int validate_plans(const SearchRequest& req, const SearchResult& res, const Vali
   namespace fs = std::filesystem;
   const TrainConfig& base = req.base;
   const std::string train = sibling_binary(v.train, "backend", "train");
-  const fs::path tmp = fs::temp_directory_path() / ("stepcast_validate_" + std::to_string(::getpid()));
-  fs::create_directories(tmp);
-  const std::string log = v.append.empty() ? (tmp / "runs.jsonl").string() : v.append;
+  // Plans and each run's records go to a scratch folder that goes with this process.
+  const ScratchFolder scratch("stepcast_validate_");
+  const fs::path tmp = scratch.path();
+  const std::string log = v.append;
+  const InterruptGuard guard;  // Ctrl-C stops between plans, --append keeps every completed run
   ReportContext ctx{&req.model, &req.hardware, 0};
   struct Measured {
     const Prediction* plan;
@@ -55,6 +59,9 @@ int validate_plans(const SearchRequest& req, const SearchResult& res, const Vali
     launch.json_out = mine.string();
     Measured m{&p};
     m.rc = calibrate::run_train(launch).exit_status;
+    if (interrupt_signal() != 0)
+      throw InterruptedError(std::string(strsignal(interrupt_signal())) + " after " + std::to_string(i) + " of " +
+                             std::to_string(k) + " plans" + (log.empty() ? "" : "; " + log + " holds the completed ones"));
     if (fs::exists(mine)) {
       // The median of the measured steps, as calibrate reads them.
       const auto recs = calibrate::load_runs({mine}, resolve_data_dir(v.data_dir));
@@ -62,8 +69,9 @@ int validate_plans(const SearchRequest& req, const SearchResult& res, const Vali
         m.step_s = recs.front().step_s;
         m.tokens_per_s = static_cast<double>(p.config.global_batch() * p.config.seq_len) / m.step_s;
       }
-      std::ifstream src(mine, std::ios::binary);
-      std::ofstream(log, std::ios::app) << src.rdbuf();
+      std::string lines = read_text_file(mine);
+      lines.resize(lines.rfind('\n') + 1);  // whole lines only (npos + 1 == 0: none)
+      if (!log.empty() && !lines.empty()) append_lines(log, lines);
     }
     out.push_back(m);
   }
@@ -75,7 +83,7 @@ int validate_plans(const SearchRequest& req, const SearchResult& res, const Vali
   if (v.json) {
     nlohmann::json j;
     j["model"] = model_to_json(req.model);
-    j["runs_file"] = log;
+    j["runs_file"] = log.empty() ? nlohmann::json(nullptr) : nlohmann::json(log);
     j["validated"] = nlohmann::json::array();
     for (const auto& m : out) {
       nlohmann::json r = plan_to_json(*m.plan, ctx);
@@ -103,7 +111,8 @@ int validate_plans(const SearchRequest& req, const SearchResult& res, const Vali
       std::printf("the top plan did not run: regret 100 %% (the best plan that ran reached %.0f tokens/s)\n", best);
     else
       std::printf("regret of the top plan against the best measured: %.1f %%\n", 100.0 * regret);
-    std::printf("runs appended to %s (refit: calibrate fit --runs ...)\n", log.c_str());
+    if (log.empty()) std::printf("(--append FILE keeps the measured steps for calibrate fit)\n");
+    else std::printf("runs appended to %s (refit: calibrate fit --runs ...)\n", log.c_str());
   }
   for (const auto& m : out)
     if (m.rc != 0) return 1;

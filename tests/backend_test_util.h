@@ -31,6 +31,7 @@
 #include "backend/optim/quant8.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
+#include "common/atomic_file.h"
 #include "common/process.h"
 #include "test_util.h"
 
@@ -94,15 +95,7 @@ inline double rel_error(const torch::Tensor& a, const torch::Tensor& b) {
 
 inline const char* kBase = "--model test-llama-tiny --precision fp32 --seq 32 --micro-batch 2 --steps 3 --lr 1e-3";
 
-// Removes a folder and everything under it. Not std::filesystem::remove_all: on the GPU
-// machine the torch wheel's libtorch.so exports its own copy of that function, the dynamic
-// linker binds this program's call to it, and it jumps to a null pointer on a non-empty
-// folder (seen with cuda-gdb: frame 1 std::filesystem::remove_all in libtorch.so).
-inline void remove_tree(const fs::path& dir) {
-  ::nftw(
-      dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
+using stepcast::remove_tree;  // common/atomic_file.h: not std::filesystem::remove_all (see there)
 
 // The test program's main: reads the settings, runs doctest, removes the scratch folder.
 inline int run_tests(int argc, char** argv) {

@@ -235,7 +235,7 @@ TEST_CASE("split master weights in training (bf16, 8-bit, CPU offload): fp32-mas
   std::string err;
   const int rc4 = train(common + " --steps 1 --split-master off --resume " + ck.string(), &err);
   CHECK(rc4 == 2);
-  CHECK(err.find("checkpoint holds") != std::string::npos);
+  CHECK(err.find("state.split_master true, this run has false") != std::string::npos);
 }
 
 TEST_CASE("faults: NaN loss stops with the step; a dead rank ends the run; bad input is one line") {
@@ -249,7 +249,9 @@ TEST_CASE("faults: NaN loss stops with the step; a dead rank ends the run; bad i
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(rc != 0);
   CHECK(seconds < 60);
-  CHECK(err.find("stopping the other") != std::string::npos);
+  CHECK(err.find("injected fault at step 2") != std::string::npos);
+  // The other rank learns of it in its next collective and exits on its own, or the
+  // launcher stops it: either way within seconds.
 
   CHECK(train("--model test-llama-tiny --stage 2 --offload-params cpu", &err) == 2);
   CHECK(err.find("--offload-params cpu needs --stage 3") != std::string::npos);

@@ -3,6 +3,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <chrono>
+#include <thread>
+
 #include "common/errors.h"
 
 #ifdef STEPCAST_HAVE_GLOO
@@ -37,7 +40,7 @@ c10::intrusive_ptr<c10d::Store> make_store(const Rendezvous& rv) {
   opts.port = static_cast<std::uint16_t>(rv.master_port);
   opts.isServer = rv.rank == 0;
   opts.numWorkers = rv.world;
-  opts.waitWorkers = true;
+  opts.waitWorkers = false;  // connect() counts the arrivals itself, to say how many came
   opts.timeout = std::chrono::seconds(rv.timeout_s);
   auto tcp = c10::make_intrusive<c10d::TCPStore>(rv.master_addr, opts);
   return c10::make_intrusive<c10d::PrefixStore>("stepcast", tcp);
@@ -141,7 +144,20 @@ Connection connect(const Rendezvous& rv, Runtime& runtime) {
     c.comm = make_single();
     return c;
   }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(rv.timeout_s);
   c.store = make_store(rv);
+  // Every rank checks in and waits for the others, within the one timeout.
+  const std::string key = "arrived";
+  int64_t arrived = c.store->add(key, 1);
+  while (arrived < rv.world) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw IoError("rank " + std::to_string(rv.rank) + ": " + std::to_string(arrived) + " of " +
+                    std::to_string(rv.world) + " ranks arrived at " + rv.master_addr + ":" +
+                    std::to_string(rv.master_port) + " within the timeout of " + std::to_string(rv.timeout_s) +
+                    " s (--timeout-s)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    arrived = c.store->add(key, 0);
+  }
   c.comm = runtime.is_cuda() ? make_nccl(c.store, rv, runtime) : make_gloo(c.store, rv);
   return c;
 }

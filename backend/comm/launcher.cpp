@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,23 @@
 extern char** environ;
 
 namespace stepcast::backend {
+
+namespace {
+
+constexpr const char* kLauncherPidVar = "STEPCAST_LAUNCHER_PID";
+volatile sig_atomic_t g_launcher_signal = 0;
+
+void record_launcher_signal(int sig) { g_launcher_signal = sig; }
+
+}  // namespace
+
+void die_with_launcher() {
+  const char* launcher = std::getenv(kLauncherPidVar);
+  if (launcher == nullptr) return;
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The launcher may have died before the line above: then this rank's parent is no longer it.
+  if (::getppid() != static_cast<pid_t>(std::atol(launcher))) std::_Exit(128 + SIGTERM);
+}
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -33,6 +51,12 @@ int free_port() {
 
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s) {
   const int port = free_port();
+  // SIGINT, SIGTERM and SIGHUP to the launcher reach every rank (forwarded below); a
+  // SIGKILL, which cannot be caught, reaches them through PR_SET_PDEATHSIG (die_with_launcher).
+  struct sigaction sa {};
+  sa.sa_handler = record_launcher_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   std::vector<pid_t> pids;
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -44,8 +68,11 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grac
     for (const auto& [key, value] :
          {std::pair<std::string, std::string>{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)},
           {"WORLD_SIZE", std::to_string(nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}})
+          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+          {kLauncherPidVar, std::to_string(::getpid())}})
       env_text.push_back(key + "=" + value);
+    // c10's logging (glog) would print its own copy of errors the ranks report in one line.
+    if (std::getenv("GLOG_minloglevel") == nullptr) env_text.emplace_back("GLOG_minloglevel=3");
     for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
     std::vector<char*> envp;
     for (auto& e : env_text) envp.push_back(e.data());
@@ -66,13 +93,29 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grac
     for (pid_t p : pids)
       if (p > 0) ::kill(p, sig);
   };
-  std::chrono::steady_clock::time_point kill_at{};
-  bool terminating = false;
+  std::chrono::steady_clock::time_point kill_at{}, peers_deadline{};
+  bool terminating = false, awaiting_peers = false;
+  int forwarded = 0;
+  const auto terminate_all = [&](int sig) {
+    stop_all(sig);
+    terminating = true;
+    kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+  };
   while (alive > 0) {
+    if (g_launcher_signal != 0 && forwarded == 0) {
+      forwarded = g_launcher_signal;
+      std::fprintf(stderr, "train: %s: stopping the %zu ranks\n", strsignal(forwarded), alive);
+      terminate_all(forwarded);
+    }
     int status = 0;
     pid_t done = ::waitpid(-1, &status, WNOHANG);
     if (done == 0) {
-      if (terminating && std::chrono::steady_clock::now() > kill_at) stop_all(SIGKILL);
+      const auto now = std::chrono::steady_clock::now();
+      if (terminating && now > kill_at) stop_all(SIGKILL);
+      if (awaiting_peers && !terminating && now > peers_deadline) {
+        std::fprintf(stderr, "train: a rank exited with status %d; stopping the other %zu\n", first_failure, alive);
+        terminate_all(SIGTERM);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }
@@ -83,14 +126,15 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grac
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0 && first_failure == 0) {
       first_failure = code;
-      if (alive > 0) {
-        std::fprintf(stderr, "train: a rank exited with status %d; stopping the other %zu\n", code, alive);
-        stop_all(SIGTERM);
-        terminating = true;
-        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+      // Ranks that learned of the failure through a collective exit on their own within a
+      // moment; the others (waiting in a collective for the dead one) are stopped.
+      if (alive > 0 && !terminating) {
+        awaiting_peers = true;
+        peers_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
       }
     }
   }
+  if (forwarded != 0) return 128 + forwarded;
   return first_failure;
 }
 

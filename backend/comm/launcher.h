@@ -9,8 +9,15 @@
 
 namespace stepcast::backend {
 
-// Returns the exit code of the first rank that failed, or 0.
+// Signals to the launcher (SIGINT, SIGTERM, SIGHUP) are forwarded to the ranks, and
+// the launcher then exits 128 + the signal; ranks die with their launcher even when it is
+// killed outright (die_with_launcher). Returns the exit code of the first rank that
+// failed, or 0.
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s = 10);
+
+// In a rank started by launch_local_ranks: the kernel sends this process SIGTERM when the
+// launcher dies (PR_SET_PDEATHSIG); exits at once when it already has. Elsewhere nothing.
+void die_with_launcher();
 
 // A TCP port that was free a moment ago, on 127.0.0.1.
 int free_port();

@@ -8,6 +8,7 @@
 #include "backend/optim/cpu_adamw.h"
 #include "backend/optim/quant8.h"
 #include "common/errors.h"
+#include "model/hardware.h"
 
 namespace stepcast::backend {
 
@@ -517,45 +518,60 @@ torch::Tensor ZeroEngine::full_params_fp32() {
   return torch::cat(parts);
 }
 
-void ZeroEngine::save(const std::string& dir) {
-  finish_updates();
-  fs::create_directories(dir);
-  std::vector<torch::Tensor> tensors;
-  for (Unit& u : units_)
-    for (torch::Tensor* t : state_tensors(u)) tensors.push_back(t->to(torch::kCPU).clone());
-  tensors.push_back(torch::tensor({step_}, torch::kLong));
-  const fs::path final_path = fs::path(dir) / ("rank" + std::to_string(rank_) + ".pt");
-  const fs::path tmp = fs::path(dir) / (".rank" + std::to_string(rank_) + ".pt.tmp");
-  torch::save(tensors, tmp.string());
-  fs::rename(tmp, final_path);
-  comm_.barrier();
+CheckpointIdentity ZeroEngine::checkpoint_identity() const {
+  CheckpointIdentity id;
+  id.model = spec_.name;
+  id.params = num_params();
+  id.world_size = world_;
+  id.rank = rank_;
+  // What the shards' count, sizes and types depend on.
+  id.state = {{"zero_stage", cfg_.zero_stage},
+              {"optimizer", optimizer_name(cfg_.optimizer)},
+              {"precision", precision_name(cfg_.precision)},
+              {"offload_optimizer", offload_name(cfg_.offload_optimizer)},
+              {"offload_params", offload_name(cfg_.offload_params)},
+              {"split_master", splits_master()}};
+  return id;
 }
 
-void ZeroEngine::load(const std::string& dir) {
+void ZeroEngine::save(const std::string& root, const std::string& writer, int die_at_rank) {
   finish_updates();
-  const fs::path path = fs::path(dir) / ("rank" + std::to_string(rank_) + ".pt");
-  if (!fs::exists(path))
-    throw InputError(path.string() + ": no checkpoint for rank " + std::to_string(rank_) +
-                     " (was it saved with the same number of ranks?)");
   std::vector<torch::Tensor> tensors;
-  torch::load(tensors, path.string());
-  size_t expected = 1;
-  for (Unit& u : units_) expected += state_tensors(u).size();
-  if (tensors.size() != expected)
-    throw InputError(path.string() + ": checkpoint holds " + std::to_string(tensors.size()) +
-                     " tensors, this model, stage and optimizer need " + std::to_string(expected));
-  size_t k = 0;
-  for (Unit& u : units_) {
-    for (torch::Tensor* dst : state_tensors(u)) {
-      const torch::Tensor& src = tensors[k++];
-      if (src.numel() != dst->numel() || src.scalar_type() != dst->scalar_type())
-        throw InputError(path.string() + ": unit " + u.layout->name + " has " + std::to_string(src.numel()) +
-                         " values, expected " + std::to_string(dst->numel()) +
-                         " (same model, stage, optimizer and ranks?)");
-      dst->copy_(src);
-    }
+  for (Unit& u : units_)
+    for (torch::Tensor* t : state_tensors(u)) tensors.push_back(t->to(torch::kCPU));
+  CheckpointIdentity id = checkpoint_identity();
+  id.git_commit = writer;
+  save_checkpoint(root, step_, id, tensors, comm_, rt_, die_at_rank);
+}
+
+void ZeroEngine::load(const std::string& path) {
+  finish_updates();
+  // Every rank verifies its shard; all load, or all stop (the rank that refused says why).
+  LoadedShard shard;
+  std::string why;
+  try {
+    shard = load_checkpoint(path, checkpoint_identity());
+    size_t expected = 0;
+    for (Unit& u : units_) expected += state_tensors(u).size();
+    if (shard.tensors.size() != expected)
+      throw InputError(shard.file.string() + ": holds " + std::to_string(shard.tensors.size()) +
+                       " tensors, this model, stage and optimizer need " + std::to_string(expected));
+    size_t k = 0;
+    for (Unit& u : units_)
+      for (torch::Tensor* dst : state_tensors(u)) {
+        const torch::Tensor& src = shard.tensors[k++];
+        if (src.numel() != dst->numel() || src.scalar_type() != dst->scalar_type())
+          throw InputError(shard.file.string() + ": unit " + u.layout->name + " has " + std::to_string(src.numel()) +
+                           " values, expected " + std::to_string(dst->numel()));
+      }
+  } catch (const InputError& e) {
+    why = e.what();
   }
-  step_ = tensors.back().item<int64_t>();
+  all_ranks_ok(why.empty(), why, kExitBadInput, comm_, rt_, "refused its checkpoint shard");
+  size_t k = 0;
+  for (Unit& u : units_)
+    for (torch::Tensor* dst : state_tensors(u)) dst->copy_(shard.tensors[k++]);
+  step_ = shard.step;
   refresh_working_from_master();
 }
 

@@ -40,6 +40,7 @@
 
 #include "backend/comm/collectives.h"
 #include "backend/cuda/kernels.h"
+#include "backend/engine/checkpoint.h"
 #include "backend/engine/cpu_update_worker.h"
 #include "backend/engine/layout.h"
 #include "backend/engine/transformer.h"
@@ -95,9 +96,10 @@ class ZeroEngine {
   // Every parameter in fp32, in layout order without padding, on the CPU (collective: call on all ranks).
   torch::Tensor full_params_fp32();
 
-  // Checkpoints: each rank writes its shards (temporary file, then rename).
-  void save(const std::string& dir);
-  void load(const std::string& dir);
+  // Checkpoints (checkpoint.h): collective; `writer` names the program in the manifest,
+  // `die_at_rank` (testing) makes that rank die abruptly in the middle of the save.
+  void save(const std::string& root, const std::string& writer, int die_at_rank = -1);
+  void load(const std::string& path);
 
   int64_t step_count() const { return step_; }
   int64_t num_params() const { return total_numel(layout_); }
@@ -163,6 +165,7 @@ class ZeroEngine {
   void optimizer_step();
   void update_unit(Unit& u, const void* grad, void* out, bool on_cpu, const kernels::AdamWArgs& args);
   std::vector<torch::Tensor*> state_tensors(Unit& u);
+  CheckpointIdentity checkpoint_identity() const;
   torch::Tensor master_fp32(const Unit& u) const;   // the fp32 master shard (host), joined if split
   torch::Tensor master_working(const Unit& u) const;  // it as the working copy (split: hi as it is)
   // The step's phases (train_step).
