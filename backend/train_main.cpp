@@ -17,6 +17,7 @@
 #include "common/cli.h"
 #include "common/errors.h"
 #include "common/run_main.h"
+#include "common/text_file.h"
 #include "common/units.h"
 #include "backend/comm/collectives.h"
 #include "backend/optim/cpu_adamw.h"
@@ -59,11 +60,13 @@ std::filesystem::path data_dir(const Flags& f) { return resolve_data_dir(f.data_
 TrainConfig config_from(const Flags& f, const CLI::App& app) {
   TrainConfig c;
   if (!f.plan.empty()) {
-    std::ifstream in(f.plan);
-    if (!in) throw InputError(f.plan + ": cannot open the --plan file");
+    std::error_code ec;
+    if (!std::filesystem::exists(f.plan, ec)) throw InputError(f.plan + ": cannot open the --plan file");
+    const std::string text = read_text_file(f.plan);
+    check_json_depth(text, f.plan);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
       c = train_config_from_json(j.at("plans").at(0).at("config"), f.plan + ": plans[0].config");
     } catch (const nlohmann::json::exception& e) {
       throw InputError(f.plan + ": not a planner plan (" + std::string(e.what()) + ")");
@@ -97,6 +100,30 @@ std::string out_of_memory_message(int rank, const std::string& when, const std::
                 when.c_str(), pred ? pred->memory.gpu_total_bytes / kBytesPerGiB : 0.0,
                 rt.device_memory_bytes() / kBytesPerGiB);
   return buf;
+}
+
+// On the CPU runtime every rank's states, gradients and activations live in host memory:
+// a run that cannot fit is refused before it starts (exit 3) instead of being ended by the
+// kernel's OOM killer. The estimate is the memory model's (model/memory_model.h): the
+// device part of each rank, less the CUDA workspace, plus the host part.
+void check_host_memory(const Flags& f, const CLI::App& app) {
+  const ModelSpec spec = resolve_model(f.model, data_dir(f));
+  TrainConfig cfg = config_from(f, app);
+  cfg.gpus_per_node = f.nproc;
+  cfg.nodes = 1;
+  validate_config(cfg);
+  const HardwareProfile hw = resolve_hardware(f.hardware, data_dir(f));
+  const MemoryEstimate<double> m = evaluate(spec, hw, cfg).memory;
+  const double need = f.nproc * (m.gpu_total_bytes - m.gpu_workspace_bytes) + m.host_node_total_bytes;
+  const double available = host_available_bytes();
+  if (available > 0 && need > available) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "out of host memory: %s on the CPU needs about %.1f GiB for %d rank(s), this host has %.1f GiB "
+                  "available (fewer ranks, a smaller micro-batch or sequence, or the GPU)",
+                  spec.name.c_str(), need / kBytesPerGiB, f.nproc, available / kBytesPerGiB);
+    throw OutOfMemoryError(buf);
+  }
 }
 
 int run_rank(const Flags& f, const CLI::App& app) {
@@ -341,6 +368,7 @@ int main_impl(int argc, char** argv) {
     std::printf("%s\n", nlohmann::json({{"model", spec.name}, {"config", train_config_to_json(cfg)}}).dump().c_str());
     return 0;
   }
+  if (std::getenv("RANK") == nullptr && runs_on_cpu(f.device)) check_host_memory(f, app);
   if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
     std::vector<std::string> args(argv, argv + argc);
     return launch_local_ranks(f.nproc, args);

@@ -1,9 +1,13 @@
 #include "calibrate/fit.h"
 
+#include <algorithm>
+#include <array>
+
 #include <ceres/ceres.h>
 
 #include <cmath>
 
+#include "common/errors.h"
 #include "model/memory_model.h"
 #include "model/step_time.h"
 
@@ -241,6 +245,54 @@ FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector
   }
   result.model_error_frac = n ? std::sqrt(ss / n) : 0.0;
   return result;
+}
+
+std::vector<CoefSupport> coefficient_support(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,
+                                             const HardwareProfile& hw, const std::vector<Coef>& free,
+                                             const CoefVector& at) {
+  const auto outputs = [](const Observation& o, const CoefVector& c) {
+    const StepTime<double> t = predict_step_time(o.features.step, c.data());
+    const MemoryEstimate<double> m = predict_memory(o.features.memory, c.data());
+    return std::array<double, 5>{t.step_s, t.forward_s, t.backward_s + t.recompute_s, t.optimizer_total_s,
+                                 m.gpu_total_bytes};
+  };
+  const auto moved = [](double a, double b) { return std::abs(a - b) > 0.005 * std::max(std::abs(a), 1e-300); };
+  std::vector<CoefSupport> out;
+  for (Coef c : free) {
+    CoefSupport s{c};
+    CoefVector up = at;
+    up[c] = at[c] != 0.0 ? 2.0 * at[c] : 0.2 * coef_table()[c].upper;
+    for (const Observation& o : obs) {
+      const auto a = outputs(o, at), b = outputs(o, up);
+      bool any = false;
+      for (size_t k = 0; k < a.size(); ++k) any = any || moved(a[k], b[k]);
+      s.configurations += any;
+    }
+    for (const MicroRecord& r : micro) s.micro_records += moved(predict_micro(r, hw, at.data()), predict_micro(r, hw, up.data()));
+    out.push_back(s);
+  }
+  return out;
+}
+
+void check_identifiable(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,
+                        const HardwareProfile& hw) {
+  std::vector<Coef> free = default_free_coefs();
+  for (Coef c : component_coefs(micro))
+    if (std::find(free.begin(), free.end(), c) == free.end()) free.push_back(c);
+  const std::vector<CoefSupport> support = coefficient_support(obs, micro, hw, free, default_coefs());
+  std::string blind;
+  int end_to_end_only = 0;
+  for (const CoefSupport& s : support) {
+    if (s.micro_records == 0) ++end_to_end_only;
+    if (s.configurations + s.micro_records == 0) blind += (blind.empty() ? "" : ", ") + std::string(coef_table()[s.coef].name);
+  }
+  if (!blind.empty())
+    throw InputError("the runs cannot determine " + blind +
+                     ": no fitted configuration or micro-benchmark depends on it (add runs that exercise it)");
+  if (static_cast<int>(obs.size()) < end_to_end_only)
+    throw InputError(std::to_string(obs.size()) + " fitted configuration" + (obs.size() == 1 ? "" : "s") + " for " +
+                     std::to_string(end_to_end_only) +
+                     " coefficients that only whole runs determine: give at least as many distinct configurations");
 }
 
 Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,

@@ -95,6 +95,26 @@ struct Calibration {
   FitResult fit;                        // stage 2: the profile's coefficients
   FitOptions options;                   // as stage 2 ran (free set, priors)
 };
+// How many fitted configurations (and micro-benchmark records) inform each coefficient:
+// those whose predicted step time, phases or memory move by more than 0.5 % when the
+// coefficient doubles from `at` (or, where it is 0 there, goes to a fifth of its upper
+// bound). A coefficient that moves no output this much is left to its prior.
+struct CoefSupport {
+  Coef coef;
+  int configurations = 0;
+  int micro_records = 0;
+};
+std::vector<CoefSupport> coefficient_support(const std::vector<Observation>& observations,
+                                             const std::vector<MicroRecord>& micro, const HardwareProfile& hw,
+                                             const std::vector<Coef>& free, const CoefVector& at);
+
+// Throws InputError when the data cannot determine the coefficients the two-stage fit
+// would move: a coefficient no configuration or micro-benchmark informs, or fewer
+// configurations than the coefficients only the end-to-end fit determines. The message
+// names them.
+void check_identifiable(const std::vector<Observation>& observations, const std::vector<MicroRecord>& micro,
+                        const HardwareProfile& hw);
+
 Calibration calibrate_two_stage(const std::vector<Observation>& observations, const std::vector<MicroRecord>& micro,
                                 const HardwareProfile& hw, FitOptions options = {});
 

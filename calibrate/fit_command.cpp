@@ -41,6 +41,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   }
   if (obs.empty()) throw InputError("no runs left to fit after the hold-out split");
   const auto micro = load_micro(files);
+  check_identifiable(obs, micro, hw);
   const auto t0 = std::chrono::steady_clock::now();
   if (!micro.empty())
     std::fprintf(stderr, "calibrate: stage 1, component fit on %zu micro-benchmarks ...\n", micro.size());
@@ -91,8 +92,20 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
                            {"summary", fit.summary},
                            {"fit", summarize(rows, false)},
                            {"holdout", summarize(rows, true)}};
+  // How many fitted configurations and micro-benchmarks inform each coefficient.
+  const std::vector<CoefSupport> support = coefficient_support(obs, micro, hw, fo.free, fit.coefs);
+  const auto support_of = [&](Coef c) {
+    for (const CoefSupport& s : support)
+      if (s.coef == c) return s;
+    return CoefSupport{c};
+  };
   nlohmann::json coefs = nlohmann::json::object();
-  for (Coef c : fo.free) coefs[std::string(coef_table()[c].name)] = {{"value", fit.coefs[c]}, {"std_error", fit.std_errors[c]}, {"default", coef_table()[c].default_value}};
+  for (Coef c : fo.free)
+    coefs[std::string(coef_table()[c].name)] = {{"value", fit.coefs[c]},
+                                                {"std_error", fit.std_errors[c]},
+                                                {"default", coef_table()[c].default_value},
+                                                {"informing_configurations", support_of(c).configurations},
+                                                {"informing_micro_records", support_of(c).micro_records}};
   report["coefficients"] = coefs;
   if (components) {
     nlohmann::json comp = nlohmann::json::object();
@@ -109,10 +122,11 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     std::cout << report.dump(2) << "\n";
   } else {
     std::printf("calibrated profile written to %s (%.2f s, %s)\n", target.c_str(), fit_s, fit.summary.c_str());
-    std::printf("%-28s %12s %12s %12s\n", "coefficient", "default", "fitted", "std error");
+    std::printf("%-28s %12s %12s %12s %8s %8s\n", "coefficient", "default", "fitted", "std error", "configs", "micro");
     for (Coef c : fo.free)
-      std::printf("%-28s %12.4g %12.4g %12.3g\n", std::string(coef_table()[c].name).c_str(), coef_table()[c].default_value,
-                  fit.coefs[c], fit.std_errors[c]);
+      std::printf("%-28s %12.4g %12.4g %12.3g %8d %8d\n", std::string(coef_table()[c].name).c_str(),
+                  coef_table()[c].default_value, fit.coefs[c], fit.std_errors[c], support_of(c).configurations,
+                  support_of(c).micro_records);
     if (components) {
       std::printf("stage 1 (components, %zu micro-benchmarks, RMS error %.1f %%): %s\n", micro.size(),
                   100 * components->model_error_frac, components->summary.c_str());

@@ -76,6 +76,10 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
         }
       if (!known) throw InputError(where + ": key \"bench\" has unknown value \"" + bench + "\"");
       r.seconds = positive(j, "seconds", where);
+      // A timed kernel, copy or collective takes at least a launch (~1e-6 s) and not hours.
+      if (r.seconds < 1e-7 || r.seconds > 1e4)
+        throw InputError(where + ": key \"seconds\" is " + j.at("seconds").dump() +
+                         ", outside [1e-07, 10000] s for one micro-benchmark");
       switch (r.bench) {
         case MicroBench::kGemm:
           r.m = positive(j, "m", where);

@@ -78,6 +78,8 @@ std::string svg_plot(const std::vector<Row>& rows, const std::string& title) {
     lo = std::min({lo, r.run->step_s, r.pred_step});
     hi = std::max({hi, r.run->step_s, r.pred_step});
   }
+  // load_runs admits only positive, finite step times; the model predicts positive ones.
+  STEPCAST_ASSERT(lo > 0 && std::isfinite(hi) && lo <= hi);
   lo = std::log10(lo) - 0.1;
   hi = std::log10(hi) + 0.1;
   const double W = 520, H = 520, M = 60;

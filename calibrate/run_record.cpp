@@ -1,6 +1,7 @@
 #include "calibrate/run_record.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,16 @@
 #include <cstdio>
 
 namespace stepcast::calibrate {
+
+namespace {
+
+std::string fmt_g(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
 
 void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::string& prefilter,
                     const std::function<void(const std::filesystem::path& file, const std::string& where,
@@ -33,6 +44,7 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
       const std::string where = file.string() + ":" + std::to_string(line_no);
       nlohmann::json j;
       try {
+        check_json_depth(line, where);
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
         // A writer killed mid-append leaves a torn last line: the records before it stand.
@@ -94,18 +106,29 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
         order.push_back(key);
       }
       Acc& acc = it->second;
+      // Every measured number: finite, within what a training step can take or hold.
+      const auto number = [&](const nlohmann::json& parent, const char* group, const char* key, double lo, double hi,
+                              bool lo_open) {
+        const nlohmann::json& v = parent.at(key);
+        const double x = v.is_number() ? v.get<double>() : std::nan("");
+        if (!std::isfinite(x) || x < lo || (lo_open && x == lo) || x > hi)
+          throw InputError(where + ": " + group + "." + key + " is " + v.dump() + ", expected a number in " +
+                           (lo_open ? "(" : "[") + fmt_g(lo) + ", " + fmt_g(hi) + "]");
+        return x;
+      };
+      constexpr double kMaxStepS = 1e6;        // 11 days: beyond any step, a unit mistake
+      constexpr double kMaxBytes = 1e15;       // 1 PB of memory on one device
       const auto& t = j.at("time_s");
-      for (const char* k : {"step", "opt", "forward", "backward", "grad_comm", "param_gather", "offload_transfer",
-                            "optimizer"})
-        acc.values[k].push_back(t.at(k).get<double>());
-      acc.values["gas"].push_back(t.at("gas").is_null() ? 0.0 : t.at("gas").get<double>());
+      acc.values["step"].push_back(number(t, "time_s", "step", 0.0, kMaxStepS, true));
+      for (const char* k : {"opt", "forward", "backward", "grad_comm", "param_gather", "offload_transfer", "optimizer"})
+        acc.values[k].push_back(number(t, "time_s", k, 0.0, kMaxStepS, false));
+      acc.values["gas"].push_back(t.at("gas").is_null() ? 0.0 : number(t, "time_s", "gas", 0.0, kMaxStepS, false));
       // The offload pipeline's own CPU time (runs before the pipeline: absent; the
       // serial optimizer phase was that time).
-      acc.values["optimizer_total"].push_back(t.contains("optimizer_cpu") && t.at("optimizer_cpu").get<double>() > 0
-                                                  ? t.at("optimizer_cpu").get<double>()
-                                                  : t.at("optimizer").get<double>());
-      acc.values["mem"].push_back(j.at("memory_bytes").at("gpu_peak_reserved").get<double>());
-      acc.values["tps"].push_back(j.at("throughput").at("tokens_per_s").get<double>());
+      const double cpu_s = t.contains("optimizer_cpu") ? number(t, "time_s", "optimizer_cpu", 0.0, kMaxStepS, false) : 0.0;
+      acc.values["optimizer_total"].push_back(cpu_s > 0 ? cpu_s : acc.values["optimizer"].back());
+      acc.values["mem"].push_back(number(j.at("memory_bytes"), "memory_bytes", "gpu_peak_reserved", 0.0, kMaxBytes, false));
+      acc.values["tps"].push_back(number(j.at("throughput"), "throughput", "tokens_per_s", 0.0, 1e12, false));
       acc.rec.steps++;
     } catch (const nlohmann::json::exception& e) {
       throw InputError(where + ": " + e.what());

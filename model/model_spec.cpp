@@ -78,7 +78,7 @@ void validate_model_spec(const ModelSpec& m, const std::string& origin) {
   if (m.num_kv_heads <= 0 || m.num_kv_heads > m.num_heads || m.num_heads % m.num_kv_heads != 0)
     bad("num_kv_heads", m.num_kv_heads,
         "must divide num_heads = " + std::to_string(m.num_heads));
-  if (m.head_dim <= 0) bad("head_dim", m.head_dim, "must be positive");
+  if (m.head_dim <= 0 || m.head_dim > (1 << 20)) bad("head_dim", m.head_dim, "is out of range [1, 2^20]");
   if (m.intermediate_size <= 0) bad("intermediate_size", m.intermediate_size, "must be positive");
   if (m.vocab_size <= 0) bad("vocab_size", m.vocab_size, "must be positive");
   if (m.rotary_dim < 0 || m.rotary_dim > m.head_dim)
@@ -87,11 +87,21 @@ void validate_model_spec(const ModelSpec& m, const std::string& origin) {
     bad("norms_per_layer", m.norms_per_layer, "must be 1 or 2");
   if (m.max_position_embeddings < 0)
     bad("max_position_embeddings", m.max_position_embeddings, "must not be negative");
-  // A guard against nonsense sizes that would overflow the counts: 10^15 params.
-  const double approx = static_cast<double>(m.hidden_size) *
-                        (static_cast<double>(m.hidden_size) + m.intermediate_size) * 4.0 *
-                        m.num_layers + static_cast<double>(m.vocab_size) * m.hidden_size * 2.0;
-  if (approx > 1e15) bad("hidden_size", m.hidden_size, "gives a model over 10^15 parameters");
+  // A guard against nonsense sizes that would overflow the counts (10^15 parameters), in
+  // doubles, naming the key that makes the model too large.
+  const double h = static_cast<double>(m.hidden_size), d = static_cast<double>(m.head_dim);
+  const double attention = h * d * (2.0 * m.num_heads + 2.0 * m.num_kv_heads);
+  const double mlp = h * static_cast<double>(m.intermediate_size) * 3.0;
+  const double embeddings = static_cast<double>(m.vocab_size) * h * 2.0;
+  constexpr double kMaxParams = 1e15;
+  const auto too_big = [&](const std::string& key, int64_t value) { bad(key, value, "gives a model over 10^15 parameters"); };
+  if (embeddings > kMaxParams) too_big(m.vocab_size > m.hidden_size ? "vocab_size" : "hidden_size",
+                                       m.vocab_size > m.hidden_size ? m.vocab_size : m.hidden_size);
+  if (attention > kMaxParams) too_big(m.head_dim > m.hidden_size ? "head_dim" : "hidden_size",
+                                      m.head_dim > m.hidden_size ? m.head_dim : m.hidden_size);
+  if (mlp > kMaxParams) too_big(m.intermediate_size > m.hidden_size ? "intermediate_size" : "hidden_size",
+                                m.intermediate_size > m.hidden_size ? m.intermediate_size : m.hidden_size);
+  if ((attention + mlp) * static_cast<double>(m.num_layers) + embeddings > kMaxParams) too_big("num_layers", m.num_layers);
 }
 
 // ---------------------------------------------------------------------------
@@ -121,8 +131,12 @@ ModelSpec parse_model_card(const std::string& text, const std::string& origin) {
   m.num_layers = r.get_int("num_layers", 1, 100000);
   m.num_heads = r.get_int("num_heads", 1, 1 << 20);
   m.num_kv_heads = r.get_int_or("num_kv_heads", m.num_heads, 1, 1 << 20);
+  // Without head_dim the heads split the hidden size evenly, as in config.json.
+  if (m.hidden_size % m.num_heads != 0 && !table.contains("head_dim"))
+    throw InputError(origin + ": key 'num_heads' = " + std::to_string(m.num_heads) + " must divide hidden_size = " +
+                     std::to_string(m.hidden_size) + " (or give head_dim)");
   const int64_t default_head_dim = m.hidden_size / m.num_heads;
-  m.head_dim = r.get_int_or("head_dim", default_head_dim, 1, kBig);
+  m.head_dim = r.get_int_or("head_dim", default_head_dim, 1, 1 << 20);
   m.intermediate_size = r.get_int("intermediate_size", 1, kBig);
   m.vocab_size = r.get_int("vocab_size", 1, kBig);
   m.max_position_embeddings = r.get_int_or("max_position_embeddings", 0, 0, kBig);
@@ -241,6 +255,7 @@ void read_mha_sizes(const JsonReader& r, const SizeKeys& k, ModelSpec& m) {
 
 ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
   nlohmann::json j;
+  check_json_depth(text, origin);
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& err) {

@@ -54,27 +54,44 @@ AttentionKind parse_attention(const std::string& text, const std::string& what) 
   throw InputError(what + " = \"" + text + "\" is not valid (valid: flash, math)");
 }
 
-void validate_config(const TrainConfig& c) {
-  if (c.zero_stage < 0 || c.zero_stage > 3)
-    throw InputError("--stage " + std::to_string(c.zero_stage) + " is not a ZeRO stage (valid: 0, 1, 2, 3)");
+ConfigFieldNames json_config_names(const std::string& where) {
+  ConfigFieldNames n;
+  n.stage = where + ".zero_stage";
+  n.offload_optimizer = where + ".offload_optimizer";
+  n.offload_params = where + ".offload_params";
+  n.offload_pipeline = where + ".offload_overlap_forward";
+  n.micro_batch = where + ".micro_batch";
+  n.gas = where + ".gas";
+  n.seq = where + ".seq_len";
+  n.gpus = where + ".gpus";
+  n.nodes = where + ".nodes";
+  return n;
+}
+
+void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
+  const std::string stage = n.stage + " " + std::to_string(c.zero_stage);
+  if (c.zero_stage < 0 || c.zero_stage > 3) throw InputError(stage + " is not a ZeRO stage (valid: 0, 1, 2, 3)");
   if (c.offload_params == OffloadDevice::kCpu && c.zero_stage != 3)
-    throw InputError("--offload-params cpu needs --stage 3 (got --stage " +
-                     std::to_string(c.zero_stage) + "): only stage 3 partitions parameters");
+    throw InputError(n.offload_params + " cpu needs " + n.stage + " 3 (got " + stage +
+                     "): only stage 3 partitions parameters");
   if (c.offload_params == OffloadDevice::kCpu && c.offload_optimizer != OffloadDevice::kCpu)
-    throw InputError("--offload-params cpu needs --offload-optimizer cpu: the fp32 master weights of offloaded "
-                     "parameters are updated on the host");
+    throw InputError(n.offload_params + " cpu needs " + n.offload_optimizer +
+                     " cpu: the fp32 master weights of offloaded parameters are updated on the host");
   if (c.offload_optimizer == OffloadDevice::kCpu && c.zero_stage == 0)
-    throw InputError("--offload-optimizer cpu needs --stage 1, 2 or 3 (got --stage 0)");
+    throw InputError(n.offload_optimizer + " cpu needs " + n.stage + " 1, 2 or 3 (got " + stage + ")");
   if (c.offload_overlap_forward && !(c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline))
-    throw InputError("offload_overlap_forward (--offload-pipeline full) needs the pipelined CPU optimizer offload");
-  if (c.micro_batch < 1) throw InputError("--micro-batch " + std::to_string(c.micro_batch) + " must be at least 1");
-  if (c.gas < 1) throw InputError("--gas " + std::to_string(c.gas) + " must be at least 1");
-  if (c.seq_len < 1) throw InputError("--seq " + std::to_string(c.seq_len) + " must be at least 1");
-  if (c.gpus_per_node < 1) throw InputError("--gpus " + std::to_string(c.gpus_per_node) + " must be at least 1");
-  if (c.nodes < 1) throw InputError("--nodes " + std::to_string(c.nodes) + " must be at least 1");
-  if (c.micro_batch > (1 << 20) || c.gas > (1 << 20) || c.seq_len > (1 << 24) ||
-      c.gpus_per_node > 4096 || c.nodes > 65536)
-    throw InputError("a size is out of range (micro-batch, GAS <= 2^20, seq <= 2^24, gpus <= 4096, nodes <= 65536)");
+    throw InputError(n.offload_pipeline + " (--offload-pipeline full) needs the pipelined CPU optimizer offload");
+  // Each size: at least 1, and at most what any real job uses by orders of magnitude
+  // (so that products such as micro-batch x sequence x GAS x GPUs stay far inside int64).
+  const auto in_range = [](int64_t v, const std::string& name, int64_t hi, const char* hi_text) {
+    if (v < 1) throw InputError(name + " " + std::to_string(v) + " must be at least 1");
+    if (v > hi) throw InputError(name + " " + std::to_string(v) + " is out of range [1, " + hi_text + "]");
+  };
+  in_range(c.micro_batch, n.micro_batch, int64_t{1} << 20, "2^20");
+  in_range(c.gas, n.gas, int64_t{1} << 20, "2^20");
+  in_range(c.seq_len, n.seq, int64_t{1} << 24, "2^24");
+  in_range(c.gpus_per_node, n.gpus, 4096, "4096");
+  in_range(c.nodes, n.nodes, 65536, "65536");
 }
 
 const char* offload_pipeline_name(const TrainConfig& c) {

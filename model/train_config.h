@@ -70,7 +70,18 @@ void parse_offload_pipeline(const std::string& text, const std::string& what, Tr
 
 // Throws InputError for combinations that make no sense (stage 5, parameter
 // offload below stage 3, optimizer offload at stage 0, non-positive sizes).
-void validate_config(const TrainConfig& config);
+// What each checked field is called where the configuration came from: command-line
+// flags (the default) or the keys of a JSON object (a plan file, a run record).
+struct ConfigFieldNames {
+  std::string stage = "--stage", offload_optimizer = "--offload-optimizer", offload_params = "--offload-params",
+              offload_pipeline = "--offload-pipeline", micro_batch = "--micro-batch", gas = "--gas", seq = "--seq",
+              gpus = "--gpus", nodes = "--nodes";
+};
+// `where` + ".zero_stage" and so on (train_config_json.h's keys).
+ConfigFieldNames json_config_names(const std::string& where);
+
+// Throws InputError naming the field (as `names` calls it), its value and the valid range.
+void validate_config(const TrainConfig& config, const ConfigFieldNames& names = {});
 
 // "stage 3 + CPU optimizer offload + 8-bit AdamW": the family a config
 // belongs to, without micro-batch, GAS and checkpointing.

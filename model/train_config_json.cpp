@@ -29,19 +29,39 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   return j;
 }
 
+namespace {
+
+// An integer key: a JSON integer (not 1.7, not "2") within [lo, hi], so that nothing is
+// truncated or wraps on the way into an int.
+int64_t integer_key(const nlohmann::json& j, const char* key, const std::string& where, int64_t lo, int64_t hi) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_integer())
+    throw InputError(where + "." + key + " is " + v.dump() + ", expected an integer");
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi) : v.get<int64_t>() <= hi;
+  if (!fits || (!v.is_number_unsigned() && v.get<int64_t>() < lo))
+    throw InputError(where + "." + key + " is " + v.dump() + ", out of range [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]");
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& where) {
   TrainConfig c;
+  if (!j.is_object()) throw InputError(where + " is " + j.dump().substr(0, 40) + ", expected an object");
   try {
-    c.zero_stage = j.at("zero_stage").get<int>();
+    // Ranges wide enough for validate_config to name the value it refuses.
+    constexpr int64_t kWide = int64_t{1} << 40;
+    c.zero_stage = static_cast<int>(integer_key(j, "zero_stage", where, -1000, 1000));
     c.offload_optimizer = parse_offload(j.at("offload_optimizer").get<std::string>(), where + ".offload_optimizer");
     c.offload_params = parse_offload(j.at("offload_params").get<std::string>(), where + ".offload_params");
     c.optimizer = parse_optimizer(j.at("optimizer").get<std::string>(), where + ".optimizer");
     c.precision = parse_precision(j.at("precision").get<std::string>(), where + ".precision");
-    c.micro_batch = j.at("micro_batch").get<int64_t>();
-    c.gas = j.at("gas").get<int64_t>();
-    c.seq_len = j.at("seq_len").get<int64_t>();
-    c.gpus_per_node = j.at("gpus").get<int>();
-    c.nodes = j.at("nodes").get<int>();
+    c.micro_batch = integer_key(j, "micro_batch", where, -kWide, kWide);
+    c.gas = integer_key(j, "gas", where, -kWide, kWide);
+    c.seq_len = integer_key(j, "seq_len", where, -kWide, kWide);
+    c.gpus_per_node = static_cast<int>(integer_key(j, "gpus", where, -(1 << 30), 1 << 30));
+    c.nodes = static_cast<int>(integer_key(j, "nodes", where, -(1 << 30), 1 << 30));
     c.activation_checkpointing = j.at("activation_checkpointing").get<bool>();
     c.offload_pipeline = j.value("offload_pipeline", true);  // absent before serial offload existed
     c.offload_overlap_forward = j.value("offload_overlap_forward", false);  // absent before it existed
@@ -52,7 +72,7 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
   } catch (const nlohmann::json::exception& e) {
     throw InputError(where + ": " + e.what());
   }
-  validate_config(c);
+  validate_config(c, json_config_names(where));
   return c;
 }
 

@@ -78,10 +78,12 @@ void add_common(CLI::App* app, CommonOptions& o) {
 
 std::filesystem::path data_dir(const CommonOptions& o) { return resolve_data_dir(o.data_dir); }
 
-void check_positive(const char* flag, double v, bool allow_zero) {
-  if (!(v > 0 || (allow_zero && v == 0)) || !std::isfinite(v)) {
+// A flag's number: 0 when omitted (where `allow_zero`), else within [lo, hi].
+void check_range(const char* flag, double v, double lo, double hi, bool allow_zero) {
+  if (allow_zero && v == 0) return;
+  if (!(v >= lo && v <= hi)) {
     std::ostringstream msg;
-    msg << flag << " " << v << " must be " << (allow_zero ? "positive (or omitted)" : "positive");
+    msg << flag << " " << v << " is out of range [" << lo << ", " << hi << "]" << (allow_zero ? " (or omit it)" : "");
     throw InputError(msg.str());
   }
 }
@@ -90,10 +92,10 @@ TrainConfig base_config(const CommonOptions& o) {
   if (o.gpus < 1) throw InputError("--gpus " + std::to_string(o.gpus) + " must be at least 1");
   if (o.nodes < 1) throw InputError("--nodes " + std::to_string(o.nodes) + " must be at least 1");
   if (o.seq < 1) throw InputError("--seq " + std::to_string(o.seq) + " must be at least 1");
-  check_positive("--gpu-mem-gib", o.gpu_mem_gib, true);
-  check_positive("--cpu-mem-gib", o.cpu_mem_gib, true);
-  check_positive("--cpu-cores", o.cpu_cores, true);
-  check_positive("--train-tokens", o.train_tokens, true);
+  check_range("--gpu-mem-gib", o.gpu_mem_gib, 0.01, 1e6, true);
+  check_range("--cpu-mem-gib", o.cpu_mem_gib, 0.01, 1e7, true);
+  check_range("--cpu-cores", o.cpu_cores, 1, 1e6, true);
+  check_range("--train-tokens", o.train_tokens, 1, 1e16, true);
   if (!o.accelerate_config.empty() && o.deepspeed_config.empty())
     throw InputError("--accelerate-config needs --deepspeed-config (the YAML points at the JSON)");
   TrainConfig c;

@@ -273,7 +273,9 @@ LoadedShard load_checkpoint(const fs::path& path, const CheckpointIdentity& id) 
   const fs::path manifest_path = folder / kManifest;
   nlohmann::json m;
   try {
-    m = nlohmann::json::parse(read_text_file(manifest_path));
+    const std::string text = read_text_file(manifest_path);
+    check_json_depth(text, manifest_path.string());
+    m = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(manifest_path.string() + ": malformed JSON: " + e.what());
   }

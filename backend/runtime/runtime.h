@@ -60,6 +60,10 @@ class Runtime {
 
 // Host memory of this process (bytes): current and peak resident set.
 double host_rss_bytes();
+// What the kernel could give without swapping (/proc/meminfo MemAvailable), 0 when unknown.
+double host_available_bytes();
+// Whether `--device` resolves to the CPU runtime.
+bool runs_on_cpu(const std::string& device);
 double host_peak_rss_bytes();
 
 }  // namespace stepcast::backend

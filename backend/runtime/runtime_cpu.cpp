@@ -74,6 +74,18 @@ std::unique_ptr<Runtime> Runtime::cuda(int) {
 }
 #endif
 
+bool runs_on_cpu(const std::string& device) {
+  return device == "cpu" || (device == "auto" && !torch::cuda::is_available());
+}
+
+double host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("MemAvailable:", 0) == 0) return 1024.0 * std::stod(line.substr(13));
+  return 0;  // unknown
+}
+
 double host_rss_bytes() { return 1024.0 * status_field_kib("VmRSS"); }
 double host_peak_rss_bytes() { return 1024.0 * status_field_kib("VmHWM"); }
 
