@@ -4,6 +4,7 @@
 //   train --model llama-2-7b --stage 2 --micro-batch 4 --gas 4 --steps 10 --nproc 2
 //   train --plan plan.json --data data/text/kjv_genesis_exodus.txt --json-out runs.jsonl
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <sstream>
@@ -102,6 +103,23 @@ std::string out_of_memory_message(int rank, const std::string& when, const std::
   return buf;
 }
 
+// The run's own numbers (the configuration's are validate_config's).
+void check_run_flags(const Flags& f) {
+  const auto range = [](const char* flag, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi)
+      throw InputError(std::string(flag) + " " + std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "]");
+  };
+  range("--steps", f.steps, 1, 1000000000);
+  range("--warmup", f.warmup, 0, 1000000000);
+  range("--cpu-threads", f.cpu_threads, 0, 4096);
+  range("--timeout-s", f.timeout_s, 1, 1000000);
+  range("--nproc", f.nproc, 1, 4096);
+  if (!(std::isfinite(f.lr) && f.lr > 0)) throw InputError("--lr " + std::to_string(f.lr) + " must be a positive number");
+  if (!(std::isfinite(f.weight_decay) && f.weight_decay >= 0))
+    throw InputError("--weight-decay " + std::to_string(f.weight_decay) + " must be a non-negative number");
+}
+
 // On the CPU runtime every rank's states, gradients and activations live in host memory:
 // a run that cannot fit is refused before it starts (exit 3) instead of being ended by the
 // kernel's OOM killer. The estimate is the memory model's (model/memory_model.h): the
@@ -128,7 +146,6 @@ void check_host_memory(const Flags& f, const CLI::App& app) {
 
 int run_rank(const Flags& f, const CLI::App& app) {
   die_with_launcher();
-  if (f.timeout_s < 1) throw InputError("--timeout-s " + std::to_string(f.timeout_s) + " must be at least 1");
   const Rendezvous rv = rendezvous_from_env(f.timeout_s);
   const int local_world = rv.local_world;
   const bool lead = rv.rank == 0;
@@ -138,7 +155,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
   cfg.gpus_per_node = local_world;
   cfg.nodes = std::max(1, rv.world / std::max(1, local_world));
   validate_config(cfg);
-  if (f.steps < 1) throw InputError("--steps " + std::to_string(f.steps) + " must be at least 1");
+  check_run_flags(f);
 
   // Ranks on one host split its physical cores (those this process may use), and each
   // rank's process and optimizer threads are bound to its share (cpu_cores.h). With
@@ -352,7 +369,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--inject-fault-step", f.fault_step, "testing: at this step")->group("");
   app.add_option("--inject-fault-in", f.fault_in, "testing: step | save")->group("");
   if (const auto status = parse_cli(app, argc, argv, "train")) return *status;
-  if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
+  check_run_flags(f);
   if (f.fault_in != "step" && f.fault_in != "save")
     throw InputError("--inject-fault-in \"" + f.fault_in + "\" is not valid (valid: step, save)");
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported as such, instead

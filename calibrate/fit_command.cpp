@@ -29,6 +29,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
   const auto files = to_paths(run_files);
   HardwareProfile hw = resolve_hardware(hw_name, resolve_data_dir(dir));
+  check_output_path(out_path.empty() ? hw.path : out_path);  // before the fit, not after it
   const auto runs = load_runs(files, resolve_data_dir(dir));
   std::vector<Observation> obs;
   size_t held = 0;

@@ -101,6 +101,8 @@ std::string planned_config_key(const TrainLaunch& launch, const fs::path& scratc
 int run_measure(const std::string& list, const std::string& out_dir, const std::string& train_flag, int64_t steps,
                 double budget_min, const std::string& device, const std::string& dir, bool micro,
                 const std::string& micro_flags) {
+  if (device != "auto" && device != "cpu" && device != "cuda")
+    throw InputError("--device \"" + device + "\" is not valid (valid: auto, cpu, cuda)");
   const std::vector<RunListEntry> items = read_run_list(list);
   if (steps < 2) throw InputError("--steps " + std::to_string(steps) + " must be at least 2 (the first is warm-up)");
   fs::create_directories(out_dir);

@@ -117,6 +117,9 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
 
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
                uint64_t seed, const std::string& dir, bool json, const std::string& svg) {
+  if (!(holdout_frac >= 0 && holdout_frac < 1))
+    throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
+  if (!svg.empty()) check_output_path(svg);
   const auto files = to_paths(run_files);
   HardwareProfile hw = resolve_hardware(hw_name, resolve_data_dir(dir));
   const auto runs = load_runs(files, resolve_data_dir(dir));

@@ -29,6 +29,7 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
                                              const nlohmann::json& j)>& fn) {
   for (const auto& file : files) {
     std::error_code ec;
+    if (std::filesystem::is_directory(file, ec)) throw InputError(file.string() + ": is a folder, expected a runs file");
     if (!std::filesystem::is_regular_file(file, ec)) throw InputError(file.string() + ": cannot open the runs file");
     const std::string text = read_text_file(file);
     size_t begin = 0;

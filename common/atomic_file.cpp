@@ -90,6 +90,14 @@ void write_files_atomic(const std::vector<std::pair<std::filesystem::path, std::
   for (const auto& [path, text] : files) sync_folder(folder_of(path));
 }
 
+void check_output_path(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(folder_of(path), ec))
+    throw InputError(path.string() + ": cannot write: folder '" + folder_of(path).string() + "' does not exist");
+  if (fs::is_directory(path, ec)) throw InputError(path.string() + ": cannot write: it is a folder");
+}
+
 void remove_tree(const std::filesystem::path& path) {
   ::nftw(
       path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,

@@ -25,6 +25,10 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& tex
 // written are they renamed into place. The same path named twice is an InputError.
 void write_files_atomic(const std::vector<std::pair<std::filesystem::path, std::string>>& files);
 
+// Throws InputError unless `path` could be written by write_file_atomic: its folder
+// exists and it is not a folder (checked before long work, so that it fails first).
+void check_output_path(const std::filesystem::path& path);
+
 // Appends `lines` (each ending in '\n') to `path` with one write(2), creating the file.
 void append_lines(const std::filesystem::path& path, const std::string& lines);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -68,9 +69,12 @@ static std::string known_model_types() {
   return out;
 }
 
-void validate_model_spec(const ModelSpec& m, const std::string& origin) {
+void validate_model_spec(const ModelSpec& m, const std::string& origin,
+                         const std::map<std::string, std::string>& source_keys) {
   auto bad = [&](const std::string& key, int64_t value, const std::string& why) {
-    throw InputError(origin + ": key '" + key + "' = " + std::to_string(value) + " " + why);
+    const auto it = source_keys.find(key);
+    throw InputError(origin + ": key '" + (it == source_keys.end() ? key : it->second) + "' = " +
+                     std::to_string(value) + " " + why);
   };
   if (m.hidden_size <= 0) bad("hidden_size", m.hidden_size, "must be positive");
   if (m.num_layers <= 0) bad("num_layers", m.num_layers, "must be positive");
@@ -80,7 +84,7 @@ void validate_model_spec(const ModelSpec& m, const std::string& origin) {
         "must divide num_heads = " + std::to_string(m.num_heads));
   if (m.head_dim <= 0 || m.head_dim > (1 << 20)) bad("head_dim", m.head_dim, "is out of range [1, 2^20]");
   if (m.intermediate_size <= 0) bad("intermediate_size", m.intermediate_size, "must be positive");
-  if (m.vocab_size <= 0) bad("vocab_size", m.vocab_size, "must be positive");
+  if (m.vocab_size <= 0 || m.vocab_size > (1 << 24)) bad("vocab_size", m.vocab_size, "is out of range [1, 2^24]");
   if (m.rotary_dim < 0 || m.rotary_dim > m.head_dim)
     bad("rotary_dim", m.rotary_dim, "must lie in [0, head_dim = " + std::to_string(m.head_dim) + "]");
   if (m.norms_per_layer < 1 || m.norms_per_layer > 2)
@@ -347,7 +351,16 @@ ModelSpec parse_hf_config(const std::string& text, const std::string& origin) {
   if (m.hidden_size % m.num_heads != 0 && !r.present("head_dim"))
     r.fail(m.model_type == "gptj" || m.model_type == "gpt2" ? "n_head" : "num_attention_heads",
            "must divide the hidden size " + std::to_string(m.hidden_size));
-  validate_model_spec(m, origin);
+  // Errors name the key as this config.json spells it.
+  std::map<std::string, std::string> keys;
+  if (t == "gptj" || t == "gpt2")
+    keys = {{"hidden_size", "n_embd"}, {"num_layers", "n_layer"}, {"num_heads", "n_head"},
+            {"num_kv_heads", "n_head"}, {"intermediate_size", "n_inner"}};
+  else
+    keys = {{"num_layers", "num_hidden_layers"}, {"num_heads", "num_attention_heads"},
+            {"num_kv_heads", t == "llama" || t == "mistral" || t == "qwen2" ? "num_key_value_heads" : "num_attention_heads"},
+            {"intermediate_size", t == "opt" ? "ffn_dim" : "intermediate_size"}};
+  validate_model_spec(m, origin, keys);
   return m;
 }
 

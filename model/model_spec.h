@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,10 @@ struct ModelSpec {
 };
 
 // Checks ranges and consistency; throws InputError naming `origin` (a file).
-void validate_model_spec(const ModelSpec& spec, const std::string& origin);
+// `source_keys` maps a field's name (as in TOML cards) to the key the source file spells
+// it with (config.json's num_hidden_layers, n_embd, ...), for the error message.
+void validate_model_spec(const ModelSpec& spec, const std::string& origin,
+                         const std::map<std::string, std::string>& source_keys = {});
 
 // Reads a Stepcast model card (TOML). Throws InputError naming file, key and value.
 ModelSpec load_model_card(const std::filesystem::path& path);

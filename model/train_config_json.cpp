@@ -44,6 +44,16 @@ int64_t integer_key(const nlohmann::json& j, const char* key, const std::string&
   return v.get<int64_t>();
 }
 
+bool boolean_key(const nlohmann::json& j, const char* key, const std::string& where, bool fallback, bool required) {
+  if (!j.contains(key)) {
+    if (required) throw InputError(where + "." + key + " is missing");
+    return fallback;
+  }
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_boolean()) throw InputError(where + "." + key + " is " + v.dump() + ", expected true or false");
+  return v.get<bool>();
+}
+
 }  // namespace
 
 TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& where) {
@@ -62,13 +72,13 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     c.seq_len = integer_key(j, "seq_len", where, -kWide, kWide);
     c.gpus_per_node = static_cast<int>(integer_key(j, "gpus", where, -(1 << 30), 1 << 30));
     c.nodes = static_cast<int>(integer_key(j, "nodes", where, -(1 << 30), 1 << 30));
-    c.activation_checkpointing = j.at("activation_checkpointing").get<bool>();
-    c.offload_pipeline = j.value("offload_pipeline", true);  // absent before serial offload existed
-    c.offload_overlap_forward = j.value("offload_overlap_forward", false);  // absent before it existed
+    c.activation_checkpointing = boolean_key(j, "activation_checkpointing", where, false, true);
+    c.offload_pipeline = boolean_key(j, "offload_pipeline", where, true, false);  // absent before serial offload existed
+    c.offload_overlap_forward = boolean_key(j, "offload_overlap_forward", where, false, false);  // absent before it existed
     if (j.contains("attention")) c.attention = parse_attention(j.at("attention").get<std::string>(), where + ".attention");
-    c.split_master = j.value("split_master", true);
+    c.split_master = boolean_key(j, "split_master", where, true, false);
     if (j.contains("cpu_simd")) c.cpu_simd = parse_cpu_simd(j.at("cpu_simd").get<std::string>(), where + ".cpu_simd");
-    c.cpu_bind = j.value("cpu_bind", true);
+    c.cpu_bind = boolean_key(j, "cpu_bind", where, true, false);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(where + ": " + e.what());
   }

@@ -168,6 +168,8 @@ SearchRequest make_request(const CommonOptions& o, int64_t global_batch, const s
   req.model = resolve_model(o.model, data_dir(o));
   req.hardware = resolve_hardware(o.hardware, data_dir(o));
   req.limits = limits_of(o);
+  if (global_batch < 0 || global_batch > (int64_t{1} << 30))
+    throw InputError("--global-batch " + std::to_string(global_batch) + " is out of range [0, 2^30] (0: GAS ranges over 1..32)");
   req.global_batch = global_batch;
   req.optimizers = parse_optimizer_list(optimizers);
   return req;

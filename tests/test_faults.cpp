@@ -298,4 +298,72 @@ TEST_CASE("a peer that never arrives: one line naming the rendezvous, within the
   CHECK(seconds < 3 + 10);  // the timeout once (plus start-up), not twice
 }
 
+TEST_CASE("Ctrl-C stops calibrate measure between configurations; runs.jsonl stays whole; a rerun resumes") {
+  const fs::path calibrate = fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate";
+  const fs::path list = tmpdir() / "list.txt", out = tmpdir() / "measure";
+  remove_tree(out);
+  {
+    std::ofstream l(list);
+    for (int mb : {1, 2, 3, 4})
+      l << "test-llama-tiny 1 --precision fp32 --seq 32 --stage 0 --micro-batch " << mb << "\n";
+  }
+  const std::vector<std::string> argv{calibrate.string(), "measure", "--list", list.string(), "--out", out.string(),
+                                      "--train", g_train, "--device", g_device, "--no-micro", "--steps", "3"};
+  const pid_t pid = start(argv, tmpdir() / "measure.err");
+  // Wait for the first configuration's records, then interrupt (the process alone: its
+  // child gets the signal forwarded, as a terminal's Ctrl-C would deliver it to both).
+  const fs::path runs = out / "runs.jsonl";
+  for (int i = 0; i < 600 && !(fs::exists(runs) && fs::file_size(runs) > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(fs::exists(runs));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == kExitInterrupted);
+  const std::string err = slurp(tmpdir() / "measure.err");
+  CHECK(err.find("interrupted") != std::string::npos);
+  CHECK(err.find("rerun to resume") != std::string::npos);
+  // Whole lines only, each a record; fewer than all four configurations.
+  const std::string text = slurp(runs);
+  REQUIRE(!text.empty());
+  CHECK(text.back() == '\n');
+  std::istringstream in(text);
+  int records = 0;
+  for (std::string line; std::getline(in, line); ++records) CHECK_NOTHROW((void)nlohmann::json::parse(line));
+  CHECK(records >= 3);
+  CHECK(records < 12);
+  // The rerun measures only what is missing.
+  std::string rerun_err;
+  const std::string cmd = calibrate.string() + " measure --list " + list.string() + " --out " + out.string() +
+                          " --train " + g_train + " --device " + g_device + " --no-micro --steps 3 2>" +
+                          (tmpdir() / "rerun.err").string();
+  CHECK(std::system(cmd.c_str()) == 0);
+  const std::string rerun = slurp(tmpdir() / "rerun.err");
+  CHECK(rerun.find("skipped (already measured)") != std::string::npos);
+  CHECK(rerun.find(" 0 skipped") == std::string::npos);
+  std::istringstream all(slurp(runs));
+  int total = 0;
+  for (std::string line; std::getline(all, line);) ++total;
+  CHECK(total == 12);
+}
+
+TEST_CASE("a torn last line (a writer killed mid-append) is skipped with a warning; one in the middle is an error") {
+  const fs::path calibrate = fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate";
+  const fs::path log = tmpdir() / "torn.jsonl";
+  fs::remove(log);
+  REQUIRE(train(std::string(kBase) + " --steps 4 --json-out " + log.string()) == 0);
+  const std::string whole = slurp(log);
+  std::ofstream(log, std::ios::app) << whole.substr(0, whole.find('\n') / 2);  // half a record, no newline
+  const std::string report = calibrate.string() + " report --hardware h200-sxm --runs " + log.string() + " >/dev/null 2>" +
+                             (tmpdir() / "torn.err").string();
+  CHECK(std::system(report.c_str()) == 0);
+  const std::string err = slurp(tmpdir() / "torn.err");
+  CHECK(err.find("torn.jsonl:5: the last line is incomplete") != std::string::npos);
+  // The same half line followed by whole ones is not a torn tail: refused, naming the line.
+  std::ofstream(log, std::ios::app) << "\n" << whole;
+  CHECK(WEXITSTATUS(std::system(report.c_str())) == kExitBadInput);
+  CHECK(slurp(tmpdir() / "torn.err").find("torn.jsonl:5: malformed JSON") != std::string::npos);
+}
+
 int main(int argc, char** argv) { return stepcast::test::run_tests(argc, argv); }

@@ -1,0 +1,344 @@
+#!/usr/bin/env bash
+# Table-driven bad-input test over every program (planner, calibrate, train, microbench)
+# and every input kind (flags, TOML cards, config.json, hardware profiles, plan files,
+# run records, checkpoints' folders, run lists). Each case expects an exit status
+# (common/errors.h: 2 bad input, 3 out of memory, 5 I/O) and exactly one stderr line
+# that matches a pattern naming the culprit (the flag, the file, the key or the value),
+# and no output file left behind where one was asked for.
+#
+# Usage: bad_input.sh BUILD_DIR
+set -u
+BUILD="$1"
+PLANNER="$BUILD/planner/planner"
+CALIBRATE="$BUILD/calibrate/calibrate"
+TRAIN="$BUILD/backend/train"
+MICROBENCH="$BUILD/backend/microbench"
+SRC="$(cd "$(dirname "$0")/.." && pwd)"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+# t EXIT REGEX PROGRAM ARGS... : runs one case.
+t() {
+  local want="$1" regex="$2" prog="$3"
+  shift 3
+  [[ -x "$prog" ]] || return 0  # a program this build lacks (train without LibTorch)
+  rm -f "$TMP/out.file"
+  timeout 60 "$prog" "$@" >"$TMP/stdout" 2>"$TMP/stderr"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$TMP/stderr")
+  local what="$(basename "$prog") $*"
+  if [[ $rc -ne $want ]]; then
+    echo "FAIL [$what]: exit $rc, expected $want: $(head -c 400 "$TMP/stderr")"
+    fail=$((fail + 1))
+  elif [[ $lines -ne 1 ]]; then
+    echo "FAIL [$what]: $lines stderr lines: $(head -c 600 "$TMP/stderr")"
+    fail=$((fail + 1))
+  elif ! grep -Eq -- "$regex" "$TMP/stderr"; then
+    echo "FAIL [$what]: stderr '$(cat "$TMP/stderr")' !~ /$regex/"
+    fail=$((fail + 1))
+  elif [[ -e "$TMP/out.file" ]]; then
+    echo "FAIL [$what]: left $TMP/out.file behind"
+    fail=$((fail + 1))
+  else
+    pass=$((pass + 1))
+  fi
+}
+
+MODEL="$SRC/data/models/test-llama-tiny.toml"
+TRAIN_BASE=(--device cpu --quiet --seq 32 --precision fp32 --steps 1)
+
+# --- numeric flags: every one, with values that are not numbers, negative, zero, huge ---
+for flag in --gpus --nodes --seq; do
+  for v in abc 1e999 nan 99999999999999999999 -1 0 2.5; do
+    t 2 "$flag" "$PLANNER" explain --model 7b "$flag" "$v"
+    t 2 "$flag" "$PLANNER" recommend --model 7b "$flag" "$v"
+  done
+done
+for flag in --micro-batch --gas --stage; do
+  for v in abc 1e999 -1 99999999999999999999 2.5; do
+    t 2 "$flag" "$PLANNER" explain --model 7b "$flag" "$v"
+  done
+done
+for flag in --gpu-mem-gib --cpu-mem-gib --cpu-cores --train-tokens; do
+  for v in abc -1 nan inf 1e-300 1e300; do
+    t 2 "$flag" "$PLANNER" explain --model 7b "$flag" "$v"
+  done
+done
+for v in abc -1 0 99999999999999999999; do
+  t 2 "--top" "$PLANNER" recommend --model 7b --top "$v"
+done
+for v in abc -1 99999999999999999999 1099511627776; do  # 0 is valid: GAS ranges over 1..32
+  t 2 "--global-batch" "$PLANNER" recommend --model 7b --global-batch "$v"
+done
+for flag in --micro-batch --gas --seq --steps --warmup --nproc --cpu-threads --timeout-s; do
+  for v in abc -1 99999999999999999999 1e999; do
+    t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" "$v"
+  done
+done
+for flag in --lr --weight-decay; do
+  for v in abc nan inf -1; do
+    t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" "$v"
+  done
+done
+for flag in --holdout-frac; do
+  for v in abc -0.1 1 nan; do
+    t 2 "$flag" "$CALIBRATE" fit --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl" --hardware h200-sxm "$flag" "$v" --out "$TMP/out.file"
+    t 2 "$flag" "$CALIBRATE" report --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl" --hardware h200-sxm "$flag" "$v"
+  done
+done
+for v in abc 0 1 -5; do
+  t 2 "--steps" "$CALIBRATE" measure --list "$SRC/bench/runlists/smoke.txt" --out "$TMP/m" --steps "$v" --device cpu --no-micro
+done
+for flag in --repeats --nproc; do
+  for v in abc -1 0; do
+    t 2 "$flag" "$MICROBENCH" --device cpu --suite gemm --out "$TMP/out.file" "$flag" "$v"
+  done
+done
+
+# --- word flags: values outside their set ---
+for flag in --precision --attention; do
+  t 2 "$flag" "$PLANNER" explain --model 7b "$flag" fp9
+done
+for flag in --offload-optimizer --offload-params --optimizer --offload-pipeline --checkpointing; do
+  t 2 "$flag" "$PLANNER" explain --model 7b "$flag" maybe
+done
+t 2 "--optimizers" "$PLANNER" recommend --model 7b --optimizers adamw,sgd
+t 2 "--engine" "$PLANNER" recommend --model 7b --engine torch
+for flag in --offload-optimizer --offload-params --optimizer --precision --checkpointing --offload-pipeline \
+            --split-master --cpu-simd --cpu-bind --device; do
+  t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" maybe
+done
+t 2 "--device" "$CALIBRATE" measure --list "$SRC/bench/runlists/smoke.txt" --out "$TMP/m" --device tpu --no-micro
+t 2 "--suite" "$MICROBENCH" --device cpu --suite everything --out "$TMP/out.file"
+
+# --- names: models, hardware, missing files, folders given as files ---
+t 2 "unknown model 'gpt-9'" "$PLANNER" explain --model gpt-9
+t 2 "unknown hardware 'tpu'" "$PLANNER" explain --model 7b --hardware tpu
+t 2 "unknown model" "$TRAIN" --model gpt-9 "${TRAIN_BASE[@]}"
+t 2 "unknown hardware" "$CALIBRATE" report --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl" --hardware tpu
+t 2 "nothing.jsonl" "$CALIBRATE" report --runs "$TMP/nothing.jsonl" --hardware h200-sxm
+t 2 "is a folder" "$CALIBRATE" report --runs "$TMP" --hardware h200-sxm
+t 2 "nothing.json" "$TRAIN" --model test-llama-tiny --plan "$TMP/nothing.json" "${TRAIN_BASE[@]}"
+t 2 "is a folder" "$TRAIN" --model test-llama-tiny --plan "$TMP" "${TRAIN_BASE[@]}"
+t 2 "nothing.txt" "$TRAIN" --model test-llama-tiny --data "$TMP/nothing.txt" "${TRAIN_BASE[@]}"
+t 2 "nothing.txt" "$CALIBRATE" measure --list "$TMP/nothing.txt" --out "$TMP/m" --device cpu --no-micro
+t 2 "no such checkpoint" "$TRAIN" --model test-llama-tiny --resume "$TMP/nothing" "${TRAIN_BASE[@]}"
+t 2 "not a checkpoint" "$TRAIN" --model test-llama-tiny --resume "$TMP" "${TRAIN_BASE[@]}"
+t 2 "a file" "$TRAIN" --model test-llama-tiny --resume "$MODEL" "${TRAIN_BASE[@]}"
+
+# --- output paths: missing folders, folders, files under files ---
+t 2 "does not exist" "$PLANNER" recommend --model 7b --deepspeed-config "$TMP/no/ds.json"
+t 2 "is a folder" "$PLANNER" recommend --model 7b --deepspeed-config "$TMP"
+t 2 "named for two outputs" "$PLANNER" recommend --model 7b --deepspeed-config "$TMP/out.file" --accelerate-config "$TMP/out.file"
+t 2 "needs --deepspeed-config" "$PLANNER" recommend --model 7b --accelerate-config "$TMP/out.file"
+t 2 "does not exist" "$CALIBRATE" fit --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl" --hardware h200-sxm --out "$TMP/no/out.toml"
+t 2 "does not exist" "$CALIBRATE" report --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl" --hardware h200-sxm --svg "$TMP/no/x.svg"
+t 2 "json-out|does not exist" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --json-out "$TMP/no/x.jsonl"
+t 2 "is a folder" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --json-out "$TMP"
+t 5 "Not a directory" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --save "$MODEL/ck"
+t 2 "does not exist" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --dump-params "$TMP/no/p.pt"
+
+# --- configuration combinations ---
+t 2 "--offload-params cpu needs --stage 3" "$PLANNER" explain --model 7b --stage 2 --offload-params cpu
+t 2 "needs --offload-optimizer cpu" "$PLANNER" explain --model 7b --stage 3 --offload-params cpu
+t 2 "needs --stage 1, 2 or 3" "$PLANNER" explain --model 7b --stage 0 --offload-optimizer cpu
+t 2 "--offload-params cpu needs --stage 3" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --stage 2 --offload-params cpu
+t 2 "needs --stage 1, 2 or 3" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --offload-optimizer cpu
+t 2 "pipelined" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --stage 2 --offload-pipeline full
+t 3 "out of host memory" "$TRAIN" --model llama-2-70b --device cpu --quiet --steps 1
+
+# --- model cards (TOML): one broken key at a time ---
+card() {  # card NAME SED-EXPRESSION: a copy of the tiny card with one edit
+  sed "$2" "$MODEL" >"$TMP/$1.toml"
+  echo "$TMP/$1.toml"
+}
+while IFS='|' read -r name edit regex; do
+  [[ -z "$name" ]] && continue
+  f=$(card "$name" "$edit")
+  t 2 "$regex" "$PLANNER" explain --model "$f" --seq 32
+done <<'EOF'
+heads3|s/num_heads = 4/num_heads = 3/|num_kv_heads|must divide
+heads3kv1|s/num_heads = 4/num_heads = 3/; s/num_kv_heads = 2/num_kv_heads = 1/|num_heads' = 3 must divide hidden_size
+kv3|s/num_kv_heads = 2/num_kv_heads = 3/|num_kv_heads' = 3
+headdim|s/num_heads = 4/num_heads = 4\nhead_dim = 99999999999/|head_dim
+layers|s/num_layers = 2/num_layers = 99999999999999/|num_layers
+layers0|s/num_layers = 2/num_layers = 0/|num_layers
+layersneg|s/num_layers = 2/num_layers = -3/|num_layers
+layersfloat|s/num_layers = 2/num_layers = 2.5/|num_layers
+layersstr|s/num_layers = 2/num_layers = "2"/|num_layers
+hidden|s/hidden_size = 64/hidden_size = 9223372036854775807/|hidden_size
+hidden0|s/hidden_size = 64/hidden_size = 0/|hidden_size
+vocab|s/vocab_size = 256/vocab_size = 1e30/|vocab_size
+vocabbig|s/vocab_size = 256/vocab_size = 1099511627776/|vocab_size
+inter|s/intermediate_size = 160/intermediate_size = -5/|intermediate_size
+rotary|s/rotary_dim = 16/rotary_dim = 99/|rotary_dim
+rotaryneg|s/rotary_dim = 16/rotary_dim = -1/|rotary_dim
+eps|s/norm_eps = 1e-5/norm_eps = "small"/|norm_eps
+type|s/model_type = "llama"/model_type = "mamba"/|model_type
+noname|/^name = /d|name
+unknown|s/gated_mlp = true/gated_mlp = true\nfamily = "x"/|family
+dup|s/gated_mlp = true/gated_mlp = true\ngated_mlp = false/|gated_mlp|duplicate|redefin
+syntax|s/hidden_size = 64/hidden_size = = 64/|c.toml|syntax|expected|hidden
+gated|s/gated_mlp = true/gated_mlp = 1/|gated_mlp
+norm|s/norm_eps = 1e-5/norm_eps = 1e-5\nnorm = "batch"/|norm
+EOF
+
+# --- Hugging Face config.json: one broken field at a time ---
+mkdir -p "$TMP/hf"
+base_json='{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"intermediate_size":160,"vocab_size":256}'
+while IFS='|' read -r name json regex; do
+  [[ -z "$name" ]] && continue
+  mkdir -p "$TMP/hf/$name"
+  printf '%s' "$json" >"$TMP/hf/$name/config.json"
+  t 2 "$regex" "$PLANNER" explain --model "$TMP/hf/$name/config.json" --seq 32
+done <<EOF
+empty||malformed JSON
+array|[1,2]|JSON object
+deep|$(python3 -c "print('['*100000 + ']'*100000)")|nested deeper
+deepobj|$(python3 -c "print('{\"a\":'*5000 + '1' + '}'*5000)")|nested deeper
+truncated|${base_json:0:40}|malformed JSON
+nan|${base_json/\"hidden_size\":64/\"hidden_size\":NaN}|malformed JSON
+huge|${base_json/\"hidden_size\":64/\"hidden_size\":1e400}|malformed JSON|hidden_size
+neg|${base_json/\"hidden_size\":64/\"hidden_size\":-64}|hidden_size
+float|${base_json/\"hidden_size\":64/\"hidden_size\":64.5}|hidden_size
+string|${base_json/\"hidden_size\":64/\"hidden_size\":\"64\"}|hidden_size
+layers|${base_json/\"num_hidden_layers\":2/\"num_hidden_layers\":99999999999}|num_hidden_layers
+heads|${base_json/\"num_attention_heads\":4/\"num_attention_heads\":3}|num_attention_heads|num_key_value_heads
+heads0|${base_json/\"num_attention_heads\":4/\"num_attention_heads\":0}|num_attention_heads
+kv|${base_json/\"num_key_value_heads\":2/\"num_key_value_heads\":3}|num_key_value_heads|num_kv_heads
+type|${base_json/llama/mamba}|model_type
+notype|${base_json/\"model_type\":\"llama\",/}|model_type
+novocab|${base_json/,\"vocab_size\":256/}|vocab_size
+headdim|${base_json/\"vocab_size\":256/\"vocab_size\":256,\"head_dim\":99999999999}|head_dim
+EOF
+
+# --- hardware profiles ---
+HW="$SRC/data/hardware/h200-sxm.toml"
+while IFS='|' read -r name edit regex; do
+  [[ -z "$name" ]] && continue
+  sed "$edit" "$HW" >"$TMP/hw_$name.toml"
+  t 2 "$regex" "$PLANNER" explain --model 7b --hardware "$TMP/hw_$name.toml"
+done <<'EOF'
+syntax|s/^name = .*/name = = "x"/|hw_syntax.toml
+noname|/^name = /d|name
+EOF
+printf 'name = "x"\n' >"$TMP/hw_min.toml"
+t 2 "hw_min.toml" "$PLANNER" explain --model 7b --hardware "$TMP/hw_min.toml"
+printf '' >"$TMP/hw_empty.toml"
+t 2 "hw_empty.toml" "$PLANNER" explain --model 7b --hardware "$TMP/hw_empty.toml"
+
+# --- plan files for train --plan ---
+"$PLANNER" explain --model test-llama-tiny --gpus 1 --stage 2 --seq 32 --precision fp32 --json >"$TMP/plan.json"
+while IFS='|' read -r name from to regex; do
+  [[ -z "$name" ]] && continue
+  python3 - "$TMP/plan.json" "$TMP/plan_$name.json" "$from" "$to" <<'PY'
+import json, sys
+src, dst, key, value = sys.argv[1:5]
+j = json.load(open(src))
+cfg = j["plans"][0]["config"]
+if value == "DELETE":
+    del cfg[key]
+else:
+    cfg[key] = json.loads(value)
+open(dst, "w").write(json.dumps(j))
+PY
+  t 2 "$regex" "$TRAIN" --model test-llama-tiny --plan "$TMP/plan_$name.json" --device cpu --quiet --steps 1
+done <<'EOF'
+stagefloat|zero_stage|1.7|plans\[0\].config.zero_stage is 1.7
+stagehuge|zero_stage|1099511627776|plans\[0\].config.zero_stage is 1099511627776
+stage5|zero_stage|5|plans\[0\].config.zero_stage 5 is not a ZeRO stage
+stagestr|zero_stage|"2"|zero_stage
+mbzero|micro_batch|0|plans\[0\].config.micro_batch 0 must be at least 1
+mbhuge|micro_batch|99999999999|plans\[0\].config.micro_batch
+gasneg|gas|-1|plans\[0\].config.gas
+seqfloat|seq_len|32.5|plans\[0\].config.seq_len
+gpus|gpus|0|plans\[0\].config.gpus
+nodes|nodes|4294967296|plans\[0\].config.nodes
+offload|offload_optimizer|"disk"|offload_optimizer
+opt|optimizer|"sgd"|optimizer
+prec|precision|"fp8"|precision
+nostage|zero_stage|DELETE|zero_stage
+ckpt|activation_checkpointing|"yes"|activation_checkpointing
+EOF
+printf '{"plans": []}' >"$TMP/plan_empty.json"
+t 2 "plan_empty.json" "$TRAIN" --model test-llama-tiny --plan "$TMP/plan_empty.json" --device cpu --quiet --steps 1
+printf '{"plans": [' >"$TMP/plan_torn.json"
+t 2 "plan_torn.json" "$TRAIN" --model test-llama-tiny --plan "$TMP/plan_torn.json" --device cpu --quiet --steps 1
+python3 -c "print('{\"plans\":' + '['*100000 + ']'*100000 + '}')" >"$TMP/plan_deep.json"
+t 2 "nested deeper" "$TRAIN" --model test-llama-tiny --plan "$TMP/plan_deep.json" --device cpu --quiet --steps 1
+
+# --- run records for calibrate: one broken step record in a good file ---
+RUNS="$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl"
+MICRO="$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3_micro.jsonl"
+good_line=$(grep -m1 '"warmup":false' "$RUNS")
+while IFS='|' read -r name path value regex; do
+  [[ -z "$name" ]] && continue
+  python3 - "$good_line" "$path" "$value" >"$TMP/run_$name.jsonl" <<'PY'
+import json, sys
+line, path, value = sys.argv[1:4]
+j = json.loads(line)
+node = j
+keys = path.split(".")
+for k in keys[:-1]:
+    node = node[k]
+if value == "DELETE":
+    del node[keys[-1]]
+else:
+    node[keys[-1]] = json.loads(value) if value not in ("NaN", "Infinity") else value
+print(json.dumps(j).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity"))
+PY
+  cat "$RUNS" "$TMP/run_$name.jsonl" >"$TMP/runs_$name.jsonl"
+  t 2 "$regex" "$CALIBRATE" report --runs "$TMP/runs_$name.jsonl" --hardware h200-sxm --svg "$TMP/out.file"
+  t 2 "$regex" "$CALIBRATE" fit --runs "$MICRO" "$TMP/runs_$name.jsonl" --hardware h200-sxm --out "$TMP/out.file"
+done <<'EOF'
+stepzero|time_s.step|0|time_s.step is 0
+stepneg|time_s.step|-1.5|time_s.step is -1.5
+stephuge|time_s.step|1e30|time_s.step is 1e\+?30
+stepstr|time_s.step|"fast"|time_s.step
+fwdneg|time_s.forward|-0.1|time_s.forward
+memneg|memory_bytes.gpu_peak_reserved|-1|memory_bytes.gpu_peak_reserved
+memhuge|memory_bytes.gpu_peak_reserved|1e300|memory_bytes.gpu_peak_reserved
+tpsneg|throughput.tokens_per_s|-5|throughput.tokens_per_s
+nostep|time_s.step|DELETE|step
+noconfig|config|DELETE|config
+stage9|config.zero_stage|9|zero_stage 9 is not a ZeRO stage
+mb|config.micro_batch|0|config.micro_batch 0
+model|model|"gpt-9"|unknown model
+EOF
+# a malformed line in the middle is an error; a torn last line is skipped with a warning (tested in test_tools)
+{ head -3 "$RUNS"; echo '{"model": "x", '; tail -2 "$RUNS"; } >"$TMP/runs_mid.jsonl"
+t 2 "runs_mid.jsonl:4: malformed JSON" "$CALIBRATE" report --runs "$TMP/runs_mid.jsonl" --hardware h200-sxm
+# micro-benchmark records with absurd times
+python3 - "$MICRO" >"$TMP/micro_bad.jsonl" <<'PY'
+import json, sys
+for i, line in enumerate(open(sys.argv[1])):
+    j = json.loads(line)
+    if j.get("kind") == "micro" and "seconds" in j and i > 3:
+        j["seconds"] = 1e-30
+        print(json.dumps(j))
+        break
+    print(line.rstrip("\n"))
+PY
+t 2 "seconds" "$CALIBRATE" fit --runs "$TMP/micro_bad.jsonl" "$RUNS" --hardware h200-sxm --out "$TMP/out.file"
+# too little data for the coefficients the fit would move
+head -3 "$RUNS" >"$TMP/runs_one.jsonl"
+t 2 "cannot determine" "$CALIBRATE" fit --runs "$TMP/runs_one.jsonl" --hardware h200-sxm --out "$TMP/out.file"
+
+# --- run lists for calibrate measure ---
+while IFS='|' read -r name text regex; do
+  [[ -z "$name" ]] && continue
+  printf '%b' "$text" >"$TMP/list_$name.txt"
+  t 2 "$regex" "$CALIBRATE" measure --list "$TMP/list_$name.txt" --out "$TMP/m_$name" --device cpu --no-micro --steps 2
+done <<'EOF'
+nproc|test-llama-tiny abc --stage 2\n|list_nproc.txt:1
+nproc0|test-llama-tiny 0\n|list_nproc0.txt:1
+nonproc|test-llama-tiny\n|list_nonproc.txt:1
+badflag|test-llama-tiny 1 --stage 7\n|--stage 7|stage
+badmodel|gpt-9 1\n|gpt-9
+EOF
+
+echo "bad input: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
