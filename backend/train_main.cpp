@@ -63,15 +63,7 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
   if (!f.plan.empty()) {
     std::error_code ec;
     if (!std::filesystem::exists(f.plan, ec)) throw InputError(f.plan + ": cannot open the --plan file");
-    const std::string text = read_text_file(f.plan);
-    check_json_depth(text, f.plan);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-      c = train_config_from_json(j.at("plans").at(0).at("config"), f.plan + ": plans[0].config");
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(f.plan + ": not a planner plan (" + std::string(e.what()) + ")");
-    }
+    c = plan_config_from_text(read_text_file(f.plan), f.plan);
   }
   auto given = [&](const char* flag) { return f.plan.empty() || app.count(flag) > 0; };
   if (given("--stage")) c.zero_stage = f.stage;
@@ -115,7 +107,8 @@ void check_run_flags(const Flags& f) {
   range("--cpu-threads", f.cpu_threads, 0, 4096);
   range("--timeout-s", f.timeout_s, 1, 1000000);
   range("--nproc", f.nproc, 1, 4096);
-  if (!(std::isfinite(f.lr) && f.lr > 0)) throw InputError("--lr " + std::to_string(f.lr) + " must be a positive number");
+  // (--lr 0 is a run that leaves the parameters as initialised: the tests use it.)
+  if (!(std::isfinite(f.lr) && f.lr >= 0)) throw InputError("--lr " + std::to_string(f.lr) + " must be a non-negative number");
   if (!(std::isfinite(f.weight_decay) && f.weight_decay >= 0))
     throw InputError("--weight-decay " + std::to_string(f.weight_decay) + " must be a non-negative number");
 }

@@ -1,6 +1,7 @@
 #include "model/train_config_json.h"
 
 #include "common/errors.h"
+#include "common/text_file.h"
 
 namespace stepcast {
 
@@ -84,6 +85,20 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
   }
   validate_config(c, json_config_names(where));
   return c;
+}
+
+TrainConfig plan_config_from_text(const std::string& text, const std::string& where) {
+  check_json_depth(text, where);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(where + ": not a planner plan (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object() || !j.contains("plans") || !j.at("plans").is_array() || j.at("plans").empty() ||
+      !j.at("plans").at(0).is_object() || !j.at("plans").at(0).contains("config"))
+    throw InputError(where + ": not a planner plan (no plans[0].config; write one with planner explain --json)");
+  return train_config_from_json(j.at("plans").at(0).at("config"), where + ": plans[0].config");
 }
 
 std::string config_key(const std::string& model, const TrainConfig& c) {

@@ -20,6 +20,10 @@ TrainConfig train_config_from_json(const nlohmann::json& config, const std::stri
 
 // Model + configuration, e.g. "llama-2-7b g2n1 s3 off=none/none adamw bf16 mb4 gas4 seq2048 ckpt=0":
 // the identity of a measured configuration (run records with the same key are one observation).
+// The configuration of plans[0] in a planner JSON (explain/recommend --json), read from
+// `text` (the file at `where`): InputError naming plans[0].config.<key> otherwise.
+TrainConfig plan_config_from_text(const std::string& text, const std::string& where);
+
 std::string config_key(const std::string& model, const TrainConfig& config);
 
 }  // namespace stepcast

@@ -8,6 +8,19 @@ if [[ ! -f build/build.ninja ]]; then
 fi
 cmake --build build -j "$(nproc)"
 cd build
-# Default: everything without a GPU. Arguments replace it (e.g. -LE "gpu|slow": the in-process tests only).
-if [[ $# -eq 0 ]]; then set -- -LE gpu; fi
-ctest --output-on-failure "$@"
+# Default: everything without a GPU, then the parser tests again under AddressSanitizer and
+# UBSan (build-asan: no LibTorch, no Ceres). Arguments replace both (e.g. -LE "gpu|slow": the
+# in-process tests of build/ only).
+if [[ $# -gt 0 ]]; then
+  ctest --output-on-failure "$@"
+  exit
+fi
+ctest --output-on-failure -LE gpu
+cd ..
+if [[ ! -f build-asan/build.ninja ]]; then
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEPCAST_SANITIZE=ON \
+    -DSTEPCAST_WITH_TORCH=OFF -DSTEPCAST_WITH_CUDA=OFF -DSTEPCAST_WITH_CERES=OFF >/dev/null
+fi
+cmake --build build-asan -j "$(nproc)" --target stepcast_fuzz stepcast_tests planner
+cd build-asan
+ctest --output-on-failure -R '^(fuzz|unit|planner_cli)$'

@@ -19,7 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "stepcast-checkpoint-1";
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 
@@ -29,13 +28,6 @@ std::string step_folder_name(int64_t step) {
   return buf;
 }
 
-std::string shard_name(int rank) { return "rank" + std::to_string(rank) + ".pt"; }
-
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", v);
-  return buf;
-}
 
 struct ShardWrite {
   int error = 0;  // errno of the failing call, 0 when written
@@ -194,7 +186,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const CheckpointIdentit
   // Each rank's shard, with a trailer that names its step, rank and world size.
   std::vector<torch::Tensor> tensors = shard;
   tensors.push_back(torch::tensor({step, static_cast<int64_t>(id.rank), static_cast<int64_t>(id.world_size)}, torch::kLong));
-  const fs::path file = partial / shard_name(id.rank);
+  const fs::path file = partial / shard_file_name(id.rank);
   const ShardWrite w = write_shard(file, tensors);
   if (id.rank == die_at_rank) {
     std::fprintf(stderr, "train: rank %d: injected fault while saving step %lld\n", id.rank, static_cast<long long>(step));
@@ -219,23 +211,14 @@ void save_checkpoint(const fs::path& root, int64_t step, const CheckpointIdentit
   ok = true;
   if (id.rank == 0) {
     try {
-      nlohmann::json m;
-      m["format"] = kFormat;
-      m["model"] = id.model;
-      m["params"] = id.params;
-      m["step"] = step;
-      m["world_size"] = id.world_size;
-      m["state"] = id.state;
-      m["git_commit"] = id.git_commit;
-      m["shards"] = nlohmann::json::array();
+      std::vector<std::pair<uint64_t, uint32_t>> shards;
       for (int r = 0; r < id.world_size; ++r) {
         const int64_t* v = &all[static_cast<size_t>(r) * mine.size()];
-        const uint32_t crc = static_cast<uint32_t>((v[0] << 16) | v[1]);
         uint64_t bytes = 0;
         for (int k = 0; k < 4; ++k) bytes = (bytes << 16) | static_cast<uint64_t>(v[2 + k]);
-        m["shards"].push_back({{"file", shard_name(r)}, {"rank", r}, {"bytes", bytes}, {"crc32c", hex32(crc)}});
+        shards.emplace_back(bytes, static_cast<uint32_t>((v[0] << 16) | v[1]));
       }
-      write_file_atomic(partial / kManifest, m.dump(2) + "\n");
+      write_file_atomic(partial / kManifest, manifest_text(id, step, shards));
       sync_folder(partial);
       // Saving a step twice replaces the earlier folder of that step.
       const fs::path final_path = root / name, old = root / ("." + name + ".old");
@@ -271,59 +254,18 @@ LoadedShard load_checkpoint(const fs::path& path, const CheckpointIdentity& id) 
       throw InputError(latest.string() + ": names " + name + ", which has no " + kManifest);
   }
   const fs::path manifest_path = folder / kManifest;
-  nlohmann::json m;
-  try {
-    const std::string text = read_text_file(manifest_path);
-    check_json_depth(text, manifest_path.string());
-    m = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(manifest_path.string() + ": malformed JSON: " + e.what());
-  }
-  const std::string where = manifest_path.string();
-  const auto field = [&](const char* key) -> const nlohmann::json& {
-    if (!m.is_object() || !m.contains(key)) throw InputError(where + ": no \"" + key + "\"");
-    return m.at(key);
-  };
-  if (field("format") != kFormat)
-    throw InputError(where + ": format " + field("format").dump() + " is not " + kFormat);
-  const std::string again = " (resume with the model, ranks, stage, optimizer, precision and offload it was saved with)";
-  if (field("model") != id.model)
-    throw InputError(where + ": model " + field("model").dump() + ", this run trains \"" + id.model + "\"" + again);
-  if (field("params") != id.params)
-    throw InputError(where + ": params " + field("params").dump() + ", this model has " + std::to_string(id.params) + again);
-  if (field("world_size") != id.world_size)
-    throw InputError(where + ": world_size " + field("world_size").dump() + ", this run has " +
-                     std::to_string(id.world_size) + again);
-  const nlohmann::json& state = field("state");
-  for (const auto& [key, value] : id.state.items()) {
-    if (!state.is_object() || !state.contains(key) || state.at(key) != value)
-      throw InputError(where + ": state." + key + " " + (state.is_object() && state.contains(key) ? state.at(key).dump() : "absent") +
-                       ", this run has " + value.dump() + again);
-  }
-  const nlohmann::json& step_json = field("step");
-  if (!step_json.is_number_integer() || step_json.get<int64_t>() < 0)
-    throw InputError(where + ": step " + step_json.dump() + " is not a step count");
-  const int64_t step = step_json.get<int64_t>();
-  const nlohmann::json& shards = field("shards");
-  if (!shards.is_array() || shards.size() != static_cast<size_t>(id.world_size))
-    throw InputError(where + ": shards must list " + std::to_string(id.world_size) + " files");
-  const nlohmann::json& entry = shards[static_cast<size_t>(id.rank)];
-  if (!entry.is_object() || entry.value("rank", -1) != id.rank || entry.value("file", "") != shard_name(id.rank) ||
-      !entry.contains("bytes") || !entry.at("bytes").is_number_unsigned() || !entry.contains("crc32c") ||
-      !entry.at("crc32c").is_string())
-    throw InputError(where + ": shards[" + std::to_string(id.rank) + "] " + entry.dump().substr(0, 120) +
-                     " does not describe " + shard_name(id.rank));
+  const ManifestShard entry = check_manifest(read_text_file(manifest_path), manifest_path.string(), id);
+  const int64_t step = entry.step;
 
-  const fs::path file = folder / shard_name(id.rank);
+  const fs::path file = folder / shard_file_name(id.rank);
   if (!fs::is_regular_file(file, ec)) throw InputError(file.string() + ": missing (the manifest lists it)");
   const auto [bytes, crc] = checksum_file(file);
-  const uint64_t want_bytes = entry.at("bytes").get<uint64_t>();
+  const uint64_t want_bytes = entry.bytes;
   if (bytes != want_bytes)
     throw InputError(file.string() + ": " + std::to_string(bytes) + " bytes, the manifest says " +
                      std::to_string(want_bytes) + " (truncated or replaced)");
-  if (hex32(crc) != entry.at("crc32c").get<std::string>())
-    throw InputError(file.string() + ": CRC-32C " + hex32(crc) + ", the manifest says " +
-                     entry.at("crc32c").get<std::string>() + " (corrupted, or a file of another checkpoint or rank)");
+  if (crc32c_hex(crc) != entry.crc32c)
+    throw InputError(file.string() + ": CRC-32C " + crc32c_hex(crc) + ", the manifest says " + entry.crc32c + " (corrupted, or a file of another checkpoint or rank)");
   LoadedShard out;
   out.file = file;
   try {

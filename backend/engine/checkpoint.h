@@ -28,21 +28,10 @@
 #include <vector>
 
 #include "backend/comm/collectives.h"
+#include "backend/engine/manifest.h"
 #include "backend/runtime/runtime.h"
 
 namespace stepcast::backend {
-
-// What a checkpoint must match to be resumed by this run.
-struct CheckpointIdentity {
-  std::string model;
-  int64_t params = 0;
-  int world_size = 1;
-  int rank = 0;
-  // The settings the shards' layout depends on (zero_stage, optimizer, precision, offload,
-  // split master weights), as JSON values; compared key by key on resume.
-  nlohmann::json state;
-  std::string git_commit;  // of the program that writes it (provenance in the manifest)
-};
 
 // Collective: every rank calls it with its shard. `die_at_rank` (testing) ends that rank
 // abruptly after its shard is written, before the ranks agree. Throws IoError (or
