@@ -16,7 +16,7 @@ struct ValidateOptions {
   int64_t steps = 4;
   std::string train;   // path of the train binary (default: beside this build's planner)
   std::string device = "auto";
-  std::string append;  // JSONL to append the runs to (for a refit); default: a temporary file
+  std::string append;  // JSONL to append the runs to (for a refit); default: none kept
   std::string pipeline = "full";  // offload plans: as recommend's --offload-pipeline
   std::string model, hardware, data_dir;  // as given to the planner (train resolves them the same way)
   bool json = false;
