@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <thread>
 
 extern char** environ;
@@ -36,6 +37,24 @@ void die_with_launcher() {
 }
 
 int free_port() {
+  // A port below Linux's ephemeral range (32768-60999): the kernel never hands it to an
+  // outgoing connection (NCCL and Gloo open many), so a port found free stays free until
+  // rank 0 listens on it; bind(0) would return an ephemeral one that another socket of
+  // this host may take in between (seen as EADDRINUSE at the rendezvous).
+  std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (ok) return port;
+  }
+  // Fallback: whatever the kernel picks.
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
