@@ -37,6 +37,7 @@
 #include "backend/optim/quant8.h"
 #include "backend/runtime/runtime.h"
 #include "common/cli.h"
+#include "common/atomic_file.h"
 #include "common/errors.h"
 #include "common/run_main.h"
 #include "common/stats.h"
@@ -67,7 +68,8 @@ std::vector<std::string> split(const std::string& s) {
 
 class Bench {
  public:
-  Bench(Runtime& rt, int repeats, std::ofstream* out) : rt_(rt), repeats_(repeats), out_(out) {}
+  // `out`: the JSONL records are appended to (rank 0), empty on the other ranks.
+  Bench(Runtime& rt, int repeats, std::string out) : rt_(rt), repeats_(repeats), out_(std::move(out)) {}
 
   // Median seconds of one call of fn: one warm-up, then `repeats` timings of
   // `inner` back-to-back calls each (short operations amortise the sync).
@@ -88,18 +90,17 @@ class Bench {
   // Writes one record (rank 0 only) and a progress line.
   void emit(nlohmann::json j, const std::string& label) {
     ++count_;
-    if (!out_) return;
+    if (out_.empty()) return;
     j["kind"] = "micro";
     j["repeats"] = repeats_;
     records_.push_back(j);
-    *out_ << j.dump() << "\n";
-    out_->flush();
+    append_lines(out_, j.dump() + "\n");  // one write per record: a killed run leaves whole lines
     std::fprintf(stderr, "microbench: [%3d] %-44s %10.3f ms\n", count_, label.c_str(), 1e3 * j["seconds"].get<double>());
   }
 
   Runtime& rt_;
   int repeats_;
-  std::ofstream* out_;
+  std::string out_;
   int count_ = 0;
   std::vector<nlohmann::json> records_;  // rank 0's records, for the ratios at the end
 };
@@ -362,13 +363,9 @@ int run_rank(const Flags& f) {
       throw InputError("--suite \"" + s + "\" is not valid (valid: compute, collectives, offload, optimizer)");
   auto has = [&](const char* s) { return std::find(suites.begin(), suites.end(), s) != suites.end(); };
 
-  std::ofstream out;
-  if (lead) {
-    out.open(f.out, std::ios::app);
-    if (!out) throw InputError(f.out + ": cannot open the --out file for appending");
-  }
+  if (lead) append_lines(f.out, "");  // fails now, naming --out's path
   const auto t0 = std::chrono::steady_clock::now();
-  Bench b(*rt, f.repeats, lead ? &out : nullptr);
+  Bench b(*rt, f.repeats, lead ? f.out : std::string());
   Connection conn = connect(rv, *rt);
   Collectives* comm = conn.comm.get();
   const c10::intrusive_ptr<c10d::Store>& store = conn.store;
@@ -383,7 +380,7 @@ int run_rank(const Flags& f) {
                           {"git_commit", STEPCAST_GIT_COMMIT},
                           {"suites", f.suites},
                           {"quick", f.quick}};
-    out << env.dump() << "\n";
+    append_lines(f.out, env.dump() + "\n");
   }
   // Collectives first, on every rank; the other suites on rank 0 alone.
   if (has("collectives")) run_collectives(b, *rt, *comm, f);
@@ -398,8 +395,8 @@ int run_rank(const Flags& f) {
     if (has("offload")) run_offload(b, *rt);
     if (has("optimizer")) run_optimizer(b, *rt, f);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    out << nlohmann::json{{"kind", "micro_done"}, {"suites", f.suites}, {"records", b.count_}, {"wall_s", wall}}.dump()
-        << "\n";
+    append_lines(f.out, nlohmann::json{{"kind", "micro_done"}, {"suites", f.suites}, {"records", b.count_},
+                                       {"wall_s", wall}}.dump() + "\n");
     std::fprintf(stderr, "microbench: %d measurements in %.1f s, appended to %s\n", b.count_, wall, f.out.c_str());
     print_ratios(b.records_);
     if (store) store->set("microbench_done", std::vector<uint8_t>{1});
