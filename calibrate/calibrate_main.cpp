@@ -14,6 +14,9 @@
 #endif
 #include "calibrate/measure.h"
 #include "calibrate/report.h"
+#ifdef STEPCAST_HAVE_CERES
+#include "calibrate/cross_validate.h"
+#endif
 #include "common/cli.h"
 #include "common/errors.h"
 #include "common/run_main.h"
@@ -62,7 +65,11 @@ int main_impl(int argc, char** argv) {
 #else
   if (app.got_subcommand("fit")) throw InputError("this build has no Ceres: fit on a machine with libceres-dev");
 #endif
+#ifdef STEPCAST_HAVE_CERES
+  return run_report(runs, hardware, holdout, seed, dir, json, svg, cross_validation_report);
+#else
   return run_report(runs, hardware, holdout, seed, dir, json, svg);
+#endif
 }
 
 }  // namespace

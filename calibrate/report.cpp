@@ -116,7 +116,8 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
 
 
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
-               uint64_t seed, const std::string& dir, bool json, const std::string& svg) {
+               uint64_t seed, const std::string& dir, bool json, const std::string& svg,
+               const CrossValidator& cross_validator) {
   if (!(holdout_frac >= 0 && holdout_frac < 1))
     throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
   if (!svg.empty()) check_output_path(svg);
@@ -135,6 +136,7 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                       {"holdout", summarize(rows, true)},
                       {"runs", nlohmann::json::array()},
                       {"micro", {{"by_bench", micro_summary(micro, hw)}, {"records", nlohmann::json::array()}}}};
+  if (cross_validator && runs.size() >= 2) j["cv"] = cross_validator(runs, micro, hw);
   for (const auto& r : micro)
     j["micro"]["records"].push_back({{"bench", micro_bench_name(r.bench)},
                                      {"label", r.label()},
@@ -166,6 +168,21 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                 r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / kBytesPerGiB,
                 r.pred_mem / kBytesPerGiB, 100 * r.mem_err());
   std::printf("fit:      %s\nheld out: %s\n", j["fit"].dump().c_str(), j["holdout"].dump().c_str());
+  if (j.contains("cv")) {
+    const nlohmann::json& cv = j["cv"];
+    std::printf("\ncross-validated (each fold refitted without the runs it predicts):\n");
+    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s\n", "held out", "configs", "step mean", "step p90", "step max",
+                "mem mean", "mem max", "cover 95");
+    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s\n", "", "", "%", "%", "%", "%", "%", "%");
+    const auto line = [](const std::string& name, const nlohmann::json& s) {
+      std::printf("%-34s %7d %9.1f %9.1f %9.1f %9.2f %9.2f %9.0f\n", name.c_str(), s["configurations"].get<int>(),
+                  s["step_time_mean_abs_pct_error"].get<double>(), s["step_time_p90_abs_pct_error"].get<double>(),
+                  s["step_time_max_abs_pct_error"].get<double>(), s["peak_memory_mean_abs_pct_error"].get<double>(),
+                  s["peak_memory_max_abs_pct_error"].get<double>(), 100 * s["coverage_95"].get<double>());
+    };
+    line("each configuration (LOCO)", cv["loco"]);
+    for (const auto& g : cv["groups"]) line(g["name"].get<std::string>(), g);
+  }
   if (!rows.empty()) {
     std::printf("\nphases, measured / predicted (s; optimizer: its own time, hidden or not)\n");
     std::printf("%-62s %17s %17s %17s\n", "run", "forward", "backward", "optimizer");

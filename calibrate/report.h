@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -32,8 +33,14 @@ std::string svg_plot(const std::vector<Row>& rows, const std::string& title);
 // --runs as paths; InputError when it names none.
 std::vector<std::filesystem::path> to_paths(const std::vector<std::string>& v);
 
-// `calibrate report`: prints the table (or JSON), writes the SVG when `svg` is given. Returns the exit status.
+// Cross-validation of the runs (calibrate/cross_validate.h, which needs Ceres): the "cv" object.
+using CrossValidator = std::function<nlohmann::json(const std::vector<RunRecord>&, const std::vector<MicroRecord>&,
+                                                    const HardwareProfile&)>;
+
+// `calibrate report`: prints the table (or JSON), writes the SVG when `svg` is given, and,
+// given `cross_validator`, the cross-validated accuracy. Returns the exit status.
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
-               uint64_t seed, const std::string& dir, bool json, const std::string& svg);
+               uint64_t seed, const std::string& dir, bool json, const std::string& svg,
+               const CrossValidator& cross_validator = nullptr);
 
 }  // namespace stepcast::calibrate

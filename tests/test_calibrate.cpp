@@ -7,7 +7,9 @@
 #include <fstream>
 #include <random>
 
+#include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
+#include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
 #include "common/errors.h"
 #include "model/prediction.h"
@@ -310,4 +312,31 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
     CAPTURE(info.name);
     CHECK(fit.coefs[info.id] == doctest::Approx(committed.coefs[info.id]).epsilon(1e-5));
   }
+}
+
+TEST_CASE("cross-validation: a held-out run's prediction does not depend on its own measurement") {
+  const fs::path runs_dir = test::data_dir() / "runs" / "h200-sxm";
+  const std::vector<fs::path> files{runs_dir / "2026-11-30_calibration_v3.jsonl"};
+  std::vector<RunRecord> runs = load_runs(files, test::data_dir());
+  const std::vector<MicroRecord> micro = load_micro({runs_dir / "2026-11-30_calibration_v3_micro.jsonl"});
+  REQUIRE(runs.size() >= 10);
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  const auto key = [](const RunRecord& r) { return r.key; };
+  const std::vector<CvPrediction> before = cross_validate(runs, micro, hw, key);
+  REQUIRE(before.size() == runs.size());  // every configuration predicted once
+  // Run 0 measured 50 % slower: its own fold never saw it, so its prediction stays.
+  runs[0].step_s *= 1.5;
+  const std::vector<CvPrediction> after = cross_validate(runs, micro, hw, key);
+  CHECK(after[0].step_s == doctest::Approx(before[0].step_s).epsilon(1e-9));
+  // The other folds fitted it: their predictions move (the check above could fail).
+  double moved = 0;
+  for (size_t i = 1; i < runs.size(); ++i) moved = std::max(moved, std::abs(after[i].step_s / before[i].step_s - 1));
+  CHECK(moved > 1e-4);
+  // The summary counts what it was given; coverage is a fraction.
+  const nlohmann::json s = cv_summary(before);
+  CHECK(s["configurations"] == runs.size());
+  CHECK(s["coverage_95"].get<double>() >= 0.0);
+  CHECK(s["coverage_95"].get<double>() <= 1.0);
+  CHECK(s["step_time_max_abs_pct_error"].get<double>() >= s["step_time_p90_abs_pct_error"].get<double>());
+  CHECK(s["step_time_p90_abs_pct_error"].get<double>() >= 0.0);
 }

@@ -1,0 +1,137 @@
+#include "calibrate/cross_validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "calibrate/fit.h"
+#include "common/text_file.h"
+#include "model/prediction.h"
+
+namespace stepcast::calibrate {
+
+namespace {
+
+// The profile as `calibrate fit` would write it from `cal` (values, covariance, model error).
+HardwareProfile fitted_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
+                               const std::vector<RunRecord>& fitted_runs) {
+  CalibratedCoefficients cc;
+  cc.values = cal.fit.coefs;
+  cc.std_errors = cal.fit.std_errors;
+  cc.model_error_frac = cal.fit.model_error_frac;
+  if (cal.fit.covariance_ok) {
+    cc.free = cal.options.free;
+    cc.covariance = cal.fit.covariance;
+  }
+  for (const RunRecord& r : fitted_runs)
+    cc.max_micro_tokens = std::max(cc.max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
+  cc.source = "cross-validation fold";
+  return parse_hardware_profile(with_calibrated_coefficients(base_text, cc), hw.path);
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+nlohmann::json error_stats(const std::vector<double>& abs_frac) {
+  double sum = 0, mx = 0;
+  for (double e : abs_frac) {
+    sum += e;
+    mx = std::max(mx, e);
+  }
+  const double n = static_cast<double>(abs_frac.size());
+  return {{"mean", abs_frac.empty() ? 0.0 : 100 * sum / n}, {"p90", 100 * percentile(abs_frac, 0.9)}, {"max", 100 * mx}};
+}
+
+std::string offload_of(const RunRecord& r) {
+  std::string s = offload_name(r.config.offload_optimizer);
+  if (r.config.offload_params == OffloadDevice::kCpu) s += "+params";
+  return s;
+}
+
+}  // namespace
+
+std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                         const HardwareProfile& hw,
+                                         const std::function<std::string(const RunRecord&)>& fold_of) {
+  const std::string base_text = read_text_file(hw.path);
+  std::map<std::string, std::vector<size_t>> folds;
+  for (size_t i = 0; i < runs.size(); ++i) folds[fold_of(runs[i])].push_back(i);
+  std::vector<CvPrediction> out(runs.size());
+  for (const auto& [value, members] : folds) {
+    std::vector<Observation> obs;
+    std::vector<RunRecord> fitted;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (fold_of(runs[i]) != value) {
+        obs.push_back(observation_of(runs[i], hw));
+        fitted.push_back(runs[i]);
+      }
+    if (obs.empty()) continue;  // one fold holds everything: nothing to fit it from
+    const HardwareProfile fold_hw = fitted_profile(hw, base_text, calibrate_two_stage(obs, micro, hw), fitted);
+    for (size_t i : members) {
+      const Prediction p = evaluate(runs[i].model, fold_hw, runs[i].config);
+      out[i] = {&runs[i], p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, p.time.forward_s,
+                p.time.backward_s + p.time.recompute_s, p.time.optimizer_total_s};
+    }
+  }
+  out.erase(std::remove_if(out.begin(), out.end(), [](const CvPrediction& p) { return p.run == nullptr; }), out.end());
+  return out;
+}
+
+nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions) {
+  std::vector<double> step, mem, fwd, bwd, opt;
+  int inside = 0;
+  for (const CvPrediction& p : predictions) {
+    const RunRecord& r = *p.run;
+    step.push_back(std::abs(p.step_s / r.step_s - 1));
+    if (std::abs(p.step_s - r.step_s) <= 1.96 * p.step_std_s) ++inside;
+    if (r.gpu_peak_reserved_bytes > 0) mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
+    if (r.forward_s > 0) fwd.push_back(std::abs(p.forward_s / r.forward_s - 1));
+    if (r.backward_s > 0) bwd.push_back(std::abs(p.backward_s / r.backward_s - 1));
+    if (r.optimizer_total_s > 0) opt.push_back(std::abs(p.optimizer_s / r.optimizer_total_s - 1));
+  }
+  const nlohmann::json s = error_stats(step), m = error_stats(mem);
+  return {{"configurations", predictions.size()},
+          {"step_time_mean_abs_pct_error", s["mean"]},
+          {"step_time_p90_abs_pct_error", s["p90"]},
+          {"step_time_max_abs_pct_error", s["max"]},
+          {"peak_memory_mean_abs_pct_error", m["mean"]},
+          {"peak_memory_p90_abs_pct_error", m["p90"]},
+          {"peak_memory_max_abs_pct_error", m["max"]},
+          {"phases_abs_pct_error", {{"forward", error_stats(fwd)}, {"backward", error_stats(bwd)}, {"optimizer", error_stats(opt)}}},
+          {"coverage_95", predictions.empty() ? 0.0 : static_cast<double>(inside) / static_cast<double>(predictions.size())}};
+}
+
+nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                       const HardwareProfile& hw) {
+  std::fprintf(stderr, "calibrate: cross-validating (leave one configuration out, then one group) ...\n");
+  nlohmann::json cv;
+  cv["loco"] = cv_summary(cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; }));
+  const std::vector<std::pair<std::string, std::function<std::string(const RunRecord&)>>> groupings = {
+      {"model", [](const RunRecord& r) { return r.model.name; }},
+      {"zero_stage", [](const RunRecord& r) { return std::to_string(r.config.zero_stage); }},
+      {"offload", offload_of},
+      {"seq_len", [](const RunRecord& r) { return std::to_string(r.config.seq_len); }},
+      {"gpus", [](const RunRecord& r) { return std::to_string(r.config.world_size()); }},
+      {"file", [](const RunRecord& r) { return r.source; }},
+  };
+  cv["groups"] = nlohmann::json::array();
+  for (const auto& [name, fold_of] : groupings) {
+    const std::vector<CvPrediction> preds = cross_validate(runs, micro, hw, fold_of);
+    std::map<std::string, std::vector<CvPrediction>> by_value;
+    for (const CvPrediction& p : preds) by_value[fold_of(*p.run)].push_back(p);
+    if (by_value.size() < 2) continue;  // one value only: the group cannot be held out
+    for (const auto& [value, members] : by_value) {
+      nlohmann::json g = cv_summary(members);
+      g["name"] = name + "=" + value;
+      cv["groups"].push_back(g);
+    }
+  }
+  return cv;
+}
+
+}  // namespace stepcast::calibrate

@@ -1,0 +1,42 @@
+// Cross-validation of the two-stage fit (fit.h): each fold refits the coefficients
+// without a set of configurations and predicts them, so that the errors and interval
+// coverage reported are those of configurations the fit has not seen.
+//  - leave-one-configuration-out (LOCO): every configuration key is a fold;
+//  - leave-one-group-out: every value of a grouping (model, ZeRO stage, offload,
+//    sequence length, GPU count, runs file) is a fold, so a whole regime is unseen.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "calibrate/micro_record.h"
+#include "calibrate/run_record.h"
+#include "model/hardware.h"
+
+namespace stepcast::calibrate {
+
+// A run predicted by the fit of its fold.
+struct CvPrediction {
+  const RunRecord* run = nullptr;
+  double step_s = 0, step_std_s = 0, gpu_memory_bytes = 0;
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
+};
+
+// Predicts every run from a fit without the runs that share its `fold_of` value. The micro-
+// benchmarks (the component stage) stay in every fold: they measure kernels, not configurations.
+std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                         const HardwareProfile& hw,
+                                         const std::function<std::string(const RunRecord&)>& fold_of);
+
+// Mean, p90 and max absolute percent errors of step time, each phase and peak memory, and
+// the fraction of measured step times inside the 95 % interval (coverage_95).
+nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions);
+
+// The report's "cv" object: {loco: summary + configurations, groups: [{name, value,
+// configurations, step_time_mean_abs_pct_error, coverage_95, ...}]}. Progress to stderr.
+nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                       const HardwareProfile& hw);
+
+}  // namespace stepcast::calibrate
