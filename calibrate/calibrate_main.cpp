@@ -66,7 +66,7 @@ int main_impl(int argc, char** argv) {
   if (app.got_subcommand("fit")) throw InputError("this build has no Ceres: fit on a machine with libceres-dev");
 #endif
 #ifdef STEPCAST_HAVE_CERES
-  return run_report(runs, hardware, holdout, seed, dir, json, svg, cross_validation_report);
+  return run_report(runs, hardware, holdout, seed, dir, json, svg, fit_analyses);
 #else
   return run_report(runs, hardware, holdout, seed, dir, json, svg);
 #endif

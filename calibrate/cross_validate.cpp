@@ -134,4 +134,34 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
   return cv;
 }
 
+nlohmann::json coefficient_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                  const HardwareProfile& hw) {
+  std::vector<Coef> free = default_free_coefs();
+  for (Coef c : component_coefs(micro))
+    if (std::find(free.begin(), free.end(), c) == free.end()) free.push_back(c);
+  std::vector<Observation> obs;
+  for (const RunRecord& r : runs) obs.push_back(observation_of(r, hw));
+  nlohmann::json out = nlohmann::json::array();
+  for (const CoefSupport& s : coefficient_support(obs, micro, hw, free, hw.coefs)) {
+    const CoefInfo& info = coef_table()[s.coef];
+    const double v = hw.coefs[s.coef], span = info.upper - info.lower;
+    const bool on_bound = std::abs(v - info.lower) <= 1e-3 * span || std::abs(info.upper - v) <= 1e-3 * span;
+    std::string flag;
+    if (on_bound) flag = "on a bound";
+    else if (s.configurations < 5 && s.micro_records == 0) flag = "fewer than 5 configurations";
+    out.push_back({{"name", std::string(info.name)},
+                   {"value", v},
+                   {"informing_configurations", s.configurations},
+                   {"informing_micro_records", s.micro_records},
+                   {"on_bound", on_bound},
+                   {"flag", flag}});
+  }
+  return out;
+}
+
+nlohmann::json fit_analyses(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                            const HardwareProfile& hw) {
+  return {{"cv", cross_validation_report(runs, micro, hw)}, {"coefficients", coefficient_report(runs, micro, hw)}};
+}
+
 }  // namespace stepcast::calibrate

@@ -39,4 +39,15 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions);
 nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                        const HardwareProfile& hw);
 
+// Per coefficient the fit moves: its value in `hw`, how many of the runs' configurations
+// and micro-benchmarks inform it (fit.h: coefficient_support), whether it sits on a bound,
+// and a flag when it rests on fewer than 5 configurations without micro-benchmarks, or on a
+// bound. The report's "coefficients" array.
+nlohmann::json coefficient_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                  const HardwareProfile& hw);
+
+// What `calibrate report` adds with Ceres: {"cv": cross_validation_report, "coefficients": coefficient_report}.
+nlohmann::json fit_analyses(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                            const HardwareProfile& hw);
+
 }  // namespace stepcast::calibrate

@@ -136,7 +136,7 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                       {"holdout", summarize(rows, true)},
                       {"runs", nlohmann::json::array()},
                       {"micro", {{"by_bench", micro_summary(micro, hw)}, {"records", nlohmann::json::array()}}}};
-  if (cross_validator && runs.size() >= 2) j["cv"] = cross_validator(runs, micro, hw);
+  if (cross_validator && runs.size() >= 2) j.update(cross_validator(runs, micro, hw));
   for (const auto& r : micro)
     j["micro"]["records"].push_back({{"bench", micro_bench_name(r.bench)},
                                      {"label", r.label()},
@@ -182,6 +182,14 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
     };
     line("each configuration (LOCO)", cv["loco"]);
     for (const auto& g : cv["groups"]) line(g["name"].get<std::string>(), g);
+  }
+  if (j.contains("coefficients")) {
+    std::printf("\ncoefficients the fit moves: what informs them in these runs\n");
+    std::printf("%-30s %12s %8s %8s  %s\n", "coefficient", "value", "configs", "micro", "flag");
+    for (const auto& c : j["coefficients"])
+      std::printf("%-30s %12.4g %8d %8d  %s\n", c["name"].get<std::string>().c_str(), c["value"].get<double>(),
+                  c["informing_configurations"].get<int>(), c["informing_micro_records"].get<int>(),
+                  c["flag"].get<std::string>().c_str());
   }
   if (!rows.empty()) {
     std::printf("\nphases, measured / predicted (s; optimizer: its own time, hidden or not)\n");

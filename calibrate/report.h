@@ -33,7 +33,8 @@ std::string svg_plot(const std::vector<Row>& rows, const std::string& title);
 // --runs as paths; InputError when it names none.
 std::vector<std::filesystem::path> to_paths(const std::vector<std::string>& v);
 
-// Cross-validation of the runs (calibrate/cross_validate.h, which needs Ceres): the "cv" object.
+// What needs the fit (calibrate/cross_validate.h, Ceres): an object whose members ("cv",
+// "coefficients") join the report.
 using CrossValidator = std::function<nlohmann::json(const std::vector<RunRecord>&, const std::vector<MicroRecord>&,
                                                     const HardwareProfile&)>;
 

@@ -340,3 +340,24 @@ TEST_CASE("cross-validation: a held-out run's prediction does not depend on its 
   CHECK(s["step_time_max_abs_pct_error"].get<double>() >= s["step_time_p90_abs_pct_error"].get<double>());
   CHECK(s["step_time_p90_abs_pct_error"].get<double>() >= 0.0);
 }
+
+TEST_CASE("the coefficient report flags a coefficient on its bound and one few configurations inform") {
+  const fs::path runs_dir = test::data_dir() / "runs" / "h200-sxm";
+  const std::vector<RunRecord> runs = load_runs({runs_dir / "2026-11-30_calibration_v3.jsonl"}, test::data_dir());
+  HardwareProfile hw = test::hardware("h200-sxm");
+  const auto entry = [](const nlohmann::json& report, const std::string& name) {
+    for (const auto& c : report)
+      if (c["name"] == name) return c;
+    return nlohmann::json();
+  };
+  hw.coefs[kGemmHalfDim] = coef_table()[kGemmHalfDim].lower;
+  hw.coefs[kLayerOverheadS] = coef_table()[kLayerOverheadS].default_value;
+  nlohmann::json report = coefficient_report(runs, {}, hw);
+  CHECK(entry(report, "gemm_half_dim")["flag"] == "on a bound");
+  CHECK(entry(report, "layer_overhead_s")["on_bound"] == false);
+  // Only runs of one configuration: a coefficient that needs several is flagged as resting on few.
+  const std::vector<RunRecord> one(runs.begin(), runs.begin() + 1);
+  report = coefficient_report(one, {}, hw);
+  CHECK(entry(report, "backward_slowdown_mult")["informing_configurations"] == 1);
+  CHECK(entry(report, "backward_slowdown_mult")["flag"] == "fewer than 5 configurations");
+}
