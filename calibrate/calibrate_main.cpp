@@ -34,7 +34,9 @@ int main_impl(int argc, char** argv) {
   bool json = false;
   for (CLI::App* sub : {app.add_subcommand("fit", "fit the coefficients and write a calibrated profile"),
                         app.add_subcommand("report", "predicted vs measured for every run")}) {
-    sub->add_option("--runs", runs, "JSONL files written by train --json-out")->required();
+    sub->add_option("--runs", runs, sub->get_name() == "fit"
+                                        ? "JSONL files written by train --json-out"
+                                        : "JSONL files written by train --json-out (default: the runs the profile was fitted from)");
     sub->add_option("--hardware", hardware, "hardware profile name or .toml")->capture_default_str();
     sub->add_option("--holdout-frac", holdout, "share of configurations the fit never sees")->capture_default_str();
     sub->add_option("--seed", seed, "hold-out split seed")->capture_default_str();
@@ -60,6 +62,7 @@ int main_impl(int argc, char** argv) {
   measure->add_option("--micro-flags", micro_flags, "extra flags for microbench (e.g. --quick)");
   if (const auto status = parse_cli(app, argc, argv, "calibrate")) return *status;
   if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir, !no_micro, micro_flags);
+  if (app.got_subcommand("fit") && runs.empty()) throw InputError("calibrate fit needs --runs FILE...");
 #ifdef STEPCAST_HAVE_CERES
   if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json);
 #else

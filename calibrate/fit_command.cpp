@@ -73,6 +73,13 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   for (const auto& r : runs)
     if (!is_holdout(r.key, holdout_frac, seed))
       cc.max_micro_tokens = std::max(cc.max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
+ // The files, as a later `calibrate report` without --runs finds them again.
+  const fs::path data_dir = fs::weakly_canonical(resolve_data_dir(dir));
+  for (const auto& f : files) {
+    const fs::path full = fs::weakly_canonical(fs::absolute(f));
+    const fs::path rel = full.lexically_relative(data_dir);
+    cc.runs.push_back(!rel.empty() && *rel.begin() != ".." ? rel.string() : full.string());
+  }
   cc.source = "calibrate fit " + std::string(date) + ", git " + STEPCAST_GIT_COMMIT + ", runs fnv1a64:" +
               fnv1a64_hex(all) + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
               " held out, seed " + std::to_string(seed) + "; " + std::to_string(micro.size()) +

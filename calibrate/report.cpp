@@ -121,8 +121,16 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   if (!(holdout_frac >= 0 && holdout_frac < 1))
     throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
   if (!svg.empty()) check_output_path(svg);
-  const auto files = to_paths(run_files);
   HardwareProfile hw = resolve_hardware(hw_name, resolve_data_dir(dir));
+  // Without --runs: the runs the profile says it was fitted from.
+  std::vector<std::string> named = run_files;
+  if (named.empty()) {
+    if (hw.calibration_runs.empty())
+      throw InputError(hw.path + ": [coefficients] names no runs (key 'runs'); give --runs FILE...");
+    for (const std::string& r : hw.calibration_runs)
+      named.push_back(fs::path(r).is_absolute() ? r : (resolve_data_dir(dir) / r).string());
+  }
+  const auto files = to_paths(named);
   const auto runs = load_runs(files, resolve_data_dir(dir));
   const auto micro = load_micro(files);
   if (runs.empty() && micro.empty()) throw InputError("--runs: no step runs and no micro-benchmarks in the files given");

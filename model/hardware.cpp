@@ -116,6 +116,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         hw.max_micro_tokens = c->get_double(name, 0.0, 1e9);
         continue;
       }
+      if (name == "runs") {
+        hw.calibration_runs = c->get_string_array_or(name);
+        continue;
+      }
       auto id = coef_by_name(name);
       if (!id) {
         std::string valid;
@@ -203,6 +207,18 @@ std::string with_calibrated_coefficients(const std::string& profile_text, const 
   sec << "model_error_frac = " << c.model_error_frac << "\n";
   sec << "max_micro_tokens = " << c.max_micro_tokens << "\n";
   sec << "source = \"" << c.source << "\"\n";
+  if (!c.runs.empty()) {
+    sec << "runs = [";
+    for (size_t i = 0; i < c.runs.size(); ++i) {
+      std::string escaped;
+      for (char ch : c.runs[i]) {
+        if (ch == '"' || ch == '\\') escaped += '\\';
+        escaped += ch;
+      }
+      sec << (i ? ", " : "") << "\"" << escaped << "\"";
+    }
+    sec << "]\n";
+  }
   for (const auto& info : coef_table()) sec << info.name << " = " << c.values[info.id] << "\n";
   sec << "\n[coefficients.std_errors]\n";
   for (const auto& info : coef_table())

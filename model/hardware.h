@@ -61,6 +61,9 @@ struct HardwareProfile {
   std::vector<double> coef_std_errors;  // from a fit's covariance; empty when not calibrated
   double model_error_frac = 0;  // RMS relative step-time residual of the fit (added to intervals)
   double max_micro_tokens = 0;  // largest micro-batch x sequence among the fitted runs; 0 = unknown
+  // [coefficients] runs: the files the coefficients were fitted from, in the fit's order,
+  // relative to the data folder (or absolute); `calibrate report` without --runs reads them.
+  std::vector<std::string> calibration_runs;
   std::vector<std::vector<double>> coef_covariance;  // kNumCoefs x kNumCoefs; empty when not calibrated
 };
 
@@ -75,6 +78,7 @@ struct CalibratedCoefficients {
   double model_error_frac = 0;
   double max_micro_tokens = 0;
   std::string source;               // provenance: date, commit, data hash, solver summary
+  std::vector<std::string> runs;    // the runs files, relative to the data folder where inside it
 };
 
 // The profile text with its [coefficients] section (and all after it) replaced by `c`,

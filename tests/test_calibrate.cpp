@@ -6,12 +6,14 @@
 
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/run_record.h"
 #include "common/errors.h"
+#include "common/hash.h"
 #include "model/prediction.h"
 #include "test_util.h"
 
@@ -360,4 +362,18 @@ TEST_CASE("the coefficient report flags a coefficient on its bound and one few c
   report = coefficient_report(one, {}, hw);
   CHECK(entry(report, "backward_slowdown_mult")["informing_configurations"] == 1);
   CHECK(entry(report, "backward_slowdown_mult")["flag"] == "fewer than 5 configurations");
+}
+
+TEST_CASE("the committed H200 profile names the runs it was fitted from: their bytes hash to its provenance") {
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  REQUIRE(!hw.calibration_runs.empty());
+  std::string all;
+  for (const std::string& r : hw.calibration_runs) {
+    std::ifstream in(test::data_dir() / r, std::ios::binary);
+    REQUIRE(in);
+    std::ostringstream s;
+    s << in.rdbuf();
+    all += s.str();
+  }
+  CHECK(hw.coefs_source.find("runs fnv1a64:" + fnv1a64_hex(all)) != std::string::npos);
 }

@@ -181,9 +181,11 @@ TEST_CASE("a calibrated [coefficients] section reads back as written") {
   c.model_error_frac = 0.031;
   c.max_micro_tokens = 8192;
   c.source = "test";
+  c.runs = {"runs/h200-sxm/a.jsonl", "/abs/with \"quote\".jsonl"};
   const std::string written = with_calibrated_coefficients(text.str(), c);
   const HardwareProfile hw = parse_hardware_profile(written, "written.toml");
   CHECK(hw.coefs_calibrated);
+  CHECK(hw.calibration_runs == c.runs);
   CHECK(hw.gpu.name == base.gpu.name);  // everything before [coefficients] is kept
   CHECK(hw.coefs[kGemmEffMaxFrac] == doctest::Approx(0.612345678).epsilon(1e-9));
   CHECK(hw.coefs[kCollLatencyS] == doctest::Approx(3.25e-5).epsilon(1e-9));
