@@ -415,7 +415,10 @@ int main_impl(int argc, char** argv) {
   app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "folder with models/ and hardware/");
   app.add_flag("--quick", f.quick, "small sizes (tests on the CPU)");
+  int launcher_pid = 0;
+  app.add_option("--launcher-pid", launcher_pid, "set by --nproc for the ranks it starts")->group("");
   if (const auto status = parse_cli(app, argc, argv, "microbench")) return *status;
+  die_with_launcher(launcher_pid);
   if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
   if (f.repeats < 1) throw InputError("--repeats " + std::to_string(f.repeats) + " must be at least 1");
   if (f.nproc > 1 && std::getenv("RANK") == nullptr) {

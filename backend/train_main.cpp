@@ -51,6 +51,7 @@ struct Flags {
   bool quiet = false;
   bool dry_run = false;
   int timeout_s = 120;      // rendezvous and Gloo collectives
+  int launcher_pid = 0;     // set by launch_local_ranks for the ranks it starts
   int fault_rank = -1;     // testing: this rank exits abruptly at fault_step
   int64_t fault_step = 0;
   std::string fault_in = "step";  // testing: "step" (before the step's work) or "save" (while saving)
@@ -138,7 +139,7 @@ void check_host_memory(const Flags& f, const CLI::App& app) {
 }
 
 int run_rank(const Flags& f, const CLI::App& app) {
-  die_with_launcher();
+  die_with_launcher(f.launcher_pid);
   const Rendezvous rv = rendezvous_from_env(f.timeout_s);
   const int local_world = rv.local_world;
   const bool lead = rv.rank == 0;
@@ -148,7 +149,6 @@ int run_rank(const Flags& f, const CLI::App& app) {
   cfg.gpus_per_node = local_world;
   cfg.nodes = std::max(1, rv.world / std::max(1, local_world));
   validate_config(cfg);
-  check_run_flags(f);
 
   // Ranks on one host split its physical cores (those this process may use), and each
   // rank's process and optimizer threads are bound to its share (cpu_cores.h). With
@@ -361,6 +361,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--inject-fault-rank", f.fault_rank, "testing: make this rank die abruptly")->group("");
   app.add_option("--inject-fault-step", f.fault_step, "testing: at this step")->group("");
   app.add_option("--inject-fault-in", f.fault_in, "testing: step | save")->group("");
+  app.add_option("--launcher-pid", f.launcher_pid, "set by --nproc for the ranks it starts")->group("");
   if (const auto status = parse_cli(app, argc, argv, "train")) return *status;
   check_run_flags(f);
   if (f.fault_in != "step" && f.fault_in != "save")

@@ -21,19 +21,17 @@ namespace stepcast::backend {
 
 namespace {
 
-constexpr const char* kLauncherPidVar = "STEPCAST_LAUNCHER_PID";
 volatile sig_atomic_t g_launcher_signal = 0;
 
 void record_launcher_signal(int sig) { g_launcher_signal = sig; }
 
 }  // namespace
 
-void die_with_launcher() {
-  const char* launcher = std::getenv(kLauncherPidVar);
-  if (launcher == nullptr) return;
+void die_with_launcher(int launcher_pid) {
+  if (launcher_pid <= 0) return;
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   // The launcher may have died before the line above: then this rank's parent is no longer it.
-  if (::getppid() != static_cast<pid_t>(std::atol(launcher))) std::_Exit(128 + SIGTERM);
+  if (::getppid() != static_cast<pid_t>(launcher_pid)) std::_Exit(128 + SIGTERM);
 }
 
 int free_port() {
@@ -77,8 +75,11 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grac
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   std::vector<pid_t> pids;
+  // Each rank learns its launcher's pid as a flag, to die with it (die_with_launcher).
+  std::vector<std::string> rank_args = args;
+  rank_args.insert(rank_args.end(), {"--launcher-pid", std::to_string(::getpid())});
   std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : rank_args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   for (int r = 0; r < nproc; ++r) {
     // This process's environment plus torchrun's variables for rank r.
@@ -87,8 +88,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grac
     for (const auto& [key, value] :
          {std::pair<std::string, std::string>{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)},
           {"WORLD_SIZE", std::to_string(nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
-          {kLauncherPidVar, std::to_string(::getpid())}})
+          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}})
       env_text.push_back(key + "=" + value);
     // c10's logging (glog) would print its own copy of errors the ranks report in one line.
     if (std::getenv("GLOG_minloglevel") == nullptr) env_text.emplace_back("GLOG_minloglevel=3");

@@ -15,9 +15,10 @@ namespace stepcast::backend {
 // failed, or 0.
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s = 10);
 
-// In a rank started by launch_local_ranks: the kernel sends this process SIGTERM when the
-// launcher dies (PR_SET_PDEATHSIG); exits at once when it already has. Elsewhere nothing.
-void die_with_launcher();
+// In a rank started by launch_local_ranks (which passes `--launcher-pid PID` to each rank):
+// the kernel sends this process SIGTERM when the launcher dies (PR_SET_PDEATHSIG); exits at
+// once when it already has. With 0 (not started by it) nothing.
+void die_with_launcher(int launcher_pid);
 
 // A TCP port that was free a moment ago, on 127.0.0.1.
 int free_port();
