@@ -60,7 +60,31 @@ int main_impl(int argc, char** argv) {
   measure->add_flag("--no-micro", no_micro, "skip the micro-benchmarks (microbench) before the step runs");
   std::string micro_flags;
   measure->add_option("--micro-flags", micro_flags, "extra flags for microbench (e.g. --quick)");
+  PeerMeasure peer;
+  std::string engine = "stepcast";
+  measure->add_option("--engine", engine,
+                      "stepcast: the backend (train); deepspeed | fsdp2: the peer harness bench/peers/peer.py under "
+                      "torchrun, with the plan (and DeepSpeed JSON) planner explain writes for each line")
+      ->capture_default_str();
+  measure->add_option("--python", peer.python, "peer engines: the Python with torch (and transformers)")->capture_default_str();
+  measure->add_option("--peer-script", peer.peer_script, "peer engines: the harness (default: the source tree's)");
+  measure->add_option("--planner", peer.planner, "peer engines: the planner binary (default: beside calibrate)");
+  measure->add_option("--hardware", peer.hardware, "peer engines: the hardware profile the plans are made for")
+      ->capture_default_str();
+  measure->add_option("--timeout-s", peer.timeout_s, "peer engines: the longest one configuration may take")
+      ->capture_default_str();
   if (const auto status = parse_cli(app, argc, argv, "calibrate")) return *status;
+  if (app.got_subcommand("measure") && engine != "stepcast") {
+    peer.engine = engine;
+    peer.list = list;
+    peer.out_dir = out_dir;
+    peer.steps = steps;
+    peer.budget_min = budget;
+    peer.data_dir = dir;
+    if (!(peer.timeout_s >= 10 && peer.timeout_s <= 86400))
+      throw InputError("--timeout-s " + std::to_string(peer.timeout_s) + " is out of range [10, 86400]");
+    return run_peer_measure(peer);
+  }
   if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir, !no_micro, micro_flags);
   if (app.got_subcommand("fit") && runs.empty()) throw InputError("calibrate fit needs --runs FILE...");
 #ifdef STEPCAST_HAVE_CERES

@@ -1,6 +1,11 @@
 #include "calibrate/measure.h"
 
 #include <cstring>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -10,6 +15,7 @@
 #include "common/errors.h"
 #include "common/text_file.h"
 #include "model/train_config_json.h"
+#include "stepcast_git_commit.h"
 
 namespace stepcast::calibrate {
 
@@ -204,6 +210,154 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "\rcalibrate: %d run, %d skipped (already measured), %d failed, %.0f s; steps in %s\n", done,
                skipped, failed, total, runs.string().c_str());
+  return failed ? 1 : 0;
+}
+
+}  // namespace stepcast::calibrate
+
+namespace stepcast::calibrate {
+
+namespace {
+
+// The first executable `name` on PATH (posix_spawn does not search it); InputError when none.
+std::string find_on_path(const std::string& name, const char* flag) {
+  if (name.find('/') != std::string::npos) {
+    if (access(name.c_str(), X_OK) != 0) throw InputError(std::string(flag) + " " + name + ": not an executable file");
+    return name;
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  throw InputError(std::string(flag) + " " + name + ": not found on PATH");
+}
+
+// Runs argv with stdout to `out_path` and stderr to `err_path`; the first stderr line on failure.
+std::string first_error_line(const fs::path& err_path) {
+  std::ifstream e(err_path);
+  std::string line, last;
+  while (std::getline(e, line))
+    if (!line.empty()) {
+      last = line;
+      break;
+    }
+  return last;
+}
+
+}  // namespace
+
+int run_peer_measure(const PeerMeasure& m) {
+  if (m.engine != "deepspeed" && m.engine != "fsdp2")
+    throw InputError("--engine \"" + m.engine + "\" is not valid for a peer measurement (valid: deepspeed, fsdp2; "
+                     "the backend: calibrate measure without --engine, or --engine stepcast)");
+  if (m.steps < 2) throw InputError("--steps " + std::to_string(m.steps) + " must be at least 2 (the first is warm-up)");
+  const std::vector<RunListEntry> items = read_run_list(m.list);
+  const std::string planner = sibling_binary(m.planner, "planner", "planner");
+  const std::string python = find_on_path(m.python, "--python");
+  const std::string timeout = find_on_path("timeout", "timeout (coreutils)");
+  const std::string script = m.peer_script.empty() ? std::string(STEPCAST_SOURCE_DIR) + "/bench/peers/peer.py" : m.peer_script;
+  if (!fs::exists(script)) throw InputError("--peer-script " + script + ": no such file");
+  const fs::path data = resolve_data_dir(m.data_dir);
+  fs::create_directories(m.out_dir);
+  const fs::path out(m.out_dir), runs = out / "runs.jsonl";
+  const std::string log = (out / "peer.log").string();
+  std::map<std::string, int> have;
+  if (fs::exists(runs))
+    for (const auto& r : load_runs({runs}, data)) have[r.key] = r.steps;
+  const auto t0 = std::chrono::steady_clock::now();
+  int done = 0, skipped = 0, failed = 0;
+  const InterruptGuard guard;
+  const fs::path mine = out / ".current.jsonl", plan = out / ".plan.json", ds = out / ".deepspeed.json",
+                 err = out / ".planner.err";
+  const auto cleanup = [&] {
+    std::error_code ec;
+    for (const fs::path& p : {mine, plan, ds, err}) fs::remove(p, ec);
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    const RunListEntry& it = items[i];
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (m.budget_min > 0 && elapsed > 60.0 * m.budget_min) {
+      std::fprintf(stderr, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)\n",
+                   m.budget_min, items.size() - i);
+      break;
+    }
+    std::string marker = it.model + " " + std::to_string(it.nproc);
+    for (const std::string& w : it.flags) marker += " " + w;
+    const double eta = done > 0 ? elapsed / done * static_cast<double>(items.size() - i) : 0.0;
+    std::fprintf(stderr, "calibrate %s: %zu/%zu  %s  ETA %.0f s\n", m.engine.c_str(), i + 1, items.size(),
+                 marker.c_str(), eta);
+    cleanup();
+    // The plan (and the DeepSpeed JSON) exactly as a user gets them from the planner.
+    std::vector<std::string> argv{planner, "explain", "--model", it.model, "--gpus", std::to_string(it.nproc),
+                                  "--engine", m.engine, "--hardware", m.hardware, "--json"};
+    if (!m.data_dir.empty()) argv.insert(argv.end(), {"--data-dir", m.data_dir});
+    if (m.engine == "deepspeed") argv.insert(argv.end(), {"--deepspeed-config", ds.string()});
+    argv.insert(argv.end(), it.flags.begin(), it.flags.end());
+    if (spawn_and_wait(argv, plan.string(), err.string()).exit_status != 0) {
+      const std::string why = first_error_line(err);
+      cleanup();
+      throw InputError(it.where + ": planner explain rejects the line: " + why);
+    }
+    std::string key, model_name;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(read_text_file(plan));
+      model_name = j.at("model").at("name").get<std::string>();
+      key = config_key(model_name, train_config_from_json(j.at("plans").at(0).at("config"), it.where + ": config"));
+    } catch (const nlohmann::json::exception& e) {
+      cleanup();
+      throw InternalError(std::string("planner explain --json printed no plan: ") + e.what());
+    }
+    if (have.count(key) && have[key] >= m.steps - 1) {
+      ++skipped;
+      continue;
+    }
+    const fs::path card = fs::exists(it.model) && fs::path(it.model).extension() == ".toml"
+                              ? fs::path(it.model)
+                              : data / "models" / (model_name + ".toml");
+    if (!fs::exists(card)) {
+      cleanup();
+      throw InputError(it.where + ": " + card.string() + ": no model card for the peer harness (it builds the "
+                       "transformers model from a Stepcast card)");
+    }
+    std::vector<std::string> run{timeout, "--signal=TERM", "--kill-after=30", std::to_string(static_cast<int>(m.timeout_s)),
+                                 python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                 std::to_string(it.nproc), script, "--engine", m.engine, "--plan", plan.string(),
+                                 "--model-card", card.string(), "--model-name", model_name, "--steps",
+                                 std::to_string(m.steps), "--warmup", "1", "--json-out", mine.string(),
+                                 "--git-commit", STEPCAST_GIT_COMMIT, "--hardware", m.hardware};
+    if (m.engine == "deepspeed") run.insert(run.end(), {"--deepspeed-config", ds.string()});
+    {
+      std::ofstream l(log, std::ios::app);
+      l << "=== " << key << "\n";
+    }
+    const int rc = spawn_and_wait(run, log, log, /*append=*/true).exit_status;
+    if (interrupt_signal() != 0) {
+      cleanup();
+      throw InterruptedError(std::string(strsignal(interrupt_signal())) + " after " + std::to_string(i) + " of " +
+                             std::to_string(items.size()) + " configurations; " + runs.string() +
+                             " holds every completed one (rerun to resume)");
+    }
+    if (rc != 0) {
+      ++failed;
+      std::fprintf(stderr, "calibrate %s: %s failed (exit %d; %s)\n", m.engine.c_str(), key.c_str(), rc, log.c_str());
+    }
+    if (fs::exists(mine)) {
+      std::string lines = read_text_file(mine);
+      lines.resize(lines.rfind('\n') + 1);
+      if (!lines.empty()) {
+        for (const auto& r : load_runs({mine}, data)) have[r.key] += r.steps;
+        append_lines(runs, lines);
+      }
+    }
+    ++done;
+  }
+  cleanup();
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "calibrate %s: %d run, %d skipped (already measured), %d failed, %.0f s; steps in %s\n",
+               m.engine.c_str(), done, skipped, failed, total, runs.string().c_str());
   return failed ? 1 : 0;
 }
 

@@ -58,6 +58,25 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
                 double budget_min, const std::string& device, const std::string& dir, bool micro,
                 const std::string& micro_flags);
 
+// `calibrate measure --engine deepspeed|fsdp2`: each run-list line (MODEL NPROC [planner explain
+// flags]) becomes a plan with `planner explain --engine E --json` (and, for DeepSpeed, the JSON config
+// the planner writes, as a user would run it), then runs on the peer harness (bench/peers/peer.py)
+// under torchrun, appending every step to OUT/runs.jsonl in the backend's schema. Resumes by
+// configuration key like run_measure. Returns the exit status (1 when a run failed).
+struct PeerMeasure {
+  std::string engine;       // deepspeed | fsdp2
+  std::string list, out_dir;
+  int64_t steps = 4;
+  double budget_min = 0;
+  std::string data_dir;     // empty: the build's
+  std::string hardware = "h200-sxm";
+  std::string planner;      // the planner binary; empty: beside calibrate
+  std::string python = "python3";
+  std::string peer_script;  // empty: the source tree's bench/peers/peer.py
+  double timeout_s = 900;   // one configuration, set-up included
+};
+int run_peer_measure(const PeerMeasure& m);
+
 // Splits a flag string ("--quick --suite compute") at white space.
 std::vector<std::string> split_words(const std::string& text);
 

@@ -65,6 +65,8 @@ ConfigFieldNames json_config_names(const std::string& where) {
   n.seq = where + ".seq_len";
   n.gpus = where + ".gpus";
   n.nodes = where + ".nodes";
+  n.engine = where + ".engine";
+  n.offload_order = where + ".offload_pipeline";
   return n;
 }
 
@@ -92,6 +94,42 @@ void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
   in_range(c.seq_len, n.seq, int64_t{1} << 24, "2^24");
   in_range(c.gpus_per_node, n.gpus, 4096, "4096");
   in_range(c.nodes, n.nodes, 65536, "65536");
+  const std::string engine = n.engine + " " + engine_name(c.engine);
+  if (c.engine == Engine::kDeepSpeed && c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline)
+    throw InputError(engine + " runs its CPU optimizer after the backward: " + n.offload_order +
+                     " must be off (got " + offload_pipeline_name(c) + ")");
+  if (c.engine == Engine::kFsdp2) {
+    if (c.zero_stage != 2 && c.zero_stage != 3)
+      throw InputError(engine + " shards gradients and optimizer states: " + n.stage + " must be 2 or 3 (got " +
+                       stage + ")");
+    if (c.offload_optimizer != c.offload_params)
+      throw InputError(engine + " offloads parameters with the optimizer (CPUOffloadPolicy): " + n.offload_optimizer +
+                       " and " + n.offload_params + " must both be cpu or both none");
+    if (c.offload_params == OffloadDevice::kCpu && c.zero_stage != 3)
+      throw InputError(engine + " offloads sharded parameters: " + n.stage + " must be 3 with offload");
+    if (c.optimizer != OptimizerKind::kAdamW)
+      throw InputError(engine + " runs torch's fused AdamW: --optimizer must be adamw (got " +
+                       optimizer_name(c.optimizer) + ")");
+    if (c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline)
+      throw InputError(engine + " steps its CPU optimizer after the backward: " + n.offload_order +
+                       " must be off (got " + offload_pipeline_name(c) + ")");
+  }
+}
+
+const char* engine_name(Engine e) {
+  switch (e) {
+    case Engine::kStepcast: return "stepcast";
+    case Engine::kDeepSpeed: return "deepspeed";
+    case Engine::kFsdp2: return "fsdp2";
+  }
+  return "?";
+}
+
+Engine parse_engine(const std::string& text, const std::string& what) {
+  if (text == "stepcast") return Engine::kStepcast;
+  if (text == "deepspeed") return Engine::kDeepSpeed;
+  if (text == "fsdp2") return Engine::kFsdp2;
+  throw InputError(what + " \"" + text + "\" is not valid (valid: stepcast, deepspeed, fsdp2)");
 }
 
 const char* offload_pipeline_name(const TrainConfig& c) {

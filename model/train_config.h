@@ -14,6 +14,12 @@ enum class OffloadDevice { kNone, kCpu };
 enum class OptimizerKind { kAdamW, kAdamW8bit };
 enum class AttentionKind { kFlash, kMath };  // fused SDPA kernels, or softmax(QK^T)V materialised
 enum class CpuSimd { kAuto, kScalar, kAvx2, kAvx512 };  // the CPU optimizer's instruction set (kAuto: the widest)
+// The training engine that runs the configuration: Stepcast's backend, DeepSpeed's ZeRO
+// (v0.14, with a Hugging Face transformers model) or PyTorch FSDP2 (fully_shard per decoder
+// layer, with the same transformers model). The engine decides the order of copies,
+// collectives and optimizer work (step_features.cpp) and selects the profile's engine
+// coefficients ([engines.NAME], hardware.h).
+enum class Engine { kStepcast, kDeepSpeed, kFsdp2 };
 
 struct TrainConfig {
   int zero_stage = 0;  // 0..3
@@ -47,6 +53,7 @@ struct TrainConfig {
   // are not grouped with the defaults'.
   CpuSimd cpu_simd = CpuSimd::kAuto;
   bool cpu_bind = true;
+  Engine engine = Engine::kStepcast;
 
   int world_size() const { return gpus_per_node * nodes; }
   int64_t global_batch() const { return micro_batch * gas * world_size(); }
@@ -56,6 +63,8 @@ const char* offload_name(OffloadDevice d);
 const char* optimizer_name(OptimizerKind o);
 const char* attention_name(AttentionKind a);
 const char* cpu_simd_name(CpuSimd s);
+const char* engine_name(Engine e);
+Engine parse_engine(const std::string& text, const std::string& what);
 CpuSimd parse_cpu_simd(const std::string& text, const std::string& what);
 // "on" / "off" settings of flags and keys; `what` names the flag or key in the error.
 bool parse_on_off(const std::string& text, const std::string& what);
@@ -75,12 +84,16 @@ void parse_offload_pipeline(const std::string& text, const std::string& what, Tr
 struct ConfigFieldNames {
   std::string stage = "--stage", offload_optimizer = "--offload-optimizer", offload_params = "--offload-params",
               offload_pipeline = "--offload-pipeline", micro_batch = "--micro-batch", gas = "--gas", seq = "--seq",
-              gpus = "--gpus", nodes = "--nodes";
+              gpus = "--gpus", nodes = "--nodes", engine = "--engine",
+              offload_order = "--offload-pipeline";  // whether the CPU optimizer is pipelined
 };
 // `where` + ".zero_stage" and so on (train_config_json.h's keys).
 ConfigFieldNames json_config_names(const std::string& where);
 
-// Throws InputError naming the field (as `names` calls it), its value and the valid range.
+// Throws InputError naming the field (as `names` calls it), its value and the valid range;
+// also for what the configuration's engine cannot run: DeepSpeed offloads in series after the
+// backward (offload pipeline off); FSDP2 runs stage 2 or 3, torch's AdamW, and offloads
+// parameters together with the optimizer (CPUOffloadPolicy).
 void validate_config(const TrainConfig& config, const ConfigFieldNames& names = {});
 
 // "stage 3 + CPU optimizer offload + 8-bit AdamW": the family a config

@@ -27,6 +27,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   if (!c.split_master) j["split_master"] = false;
   if (c.cpu_simd != CpuSimd::kAuto) j["cpu_simd"] = cpu_simd_name(c.cpu_simd);
   if (!c.cpu_bind) j["cpu_bind"] = false;
+  if (c.engine != Engine::kStepcast) j["engine"] = engine_name(c.engine);
   return j;
 }
 
@@ -80,6 +81,7 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     c.split_master = boolean_key(j, "split_master", where, true, false);
     if (j.contains("cpu_simd")) c.cpu_simd = parse_cpu_simd(j.at("cpu_simd").get<std::string>(), where + ".cpu_simd");
     c.cpu_bind = boolean_key(j, "cpu_bind", where, true, false);
+    if (j.contains("engine")) c.engine = parse_engine(j.at("engine").get<std::string>(), where + ".engine");
   } catch (const nlohmann::json::exception& e) {
     throw InputError(where + ": " + e.what());
   }
@@ -110,7 +112,8 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          (c.offload_optimizer == OffloadDevice::kCpu && !c.offload_pipeline ? " serial" : "") +
          (c.offload_overlap_forward ? " overlap-fwd" : "") + (c.split_master ? "" : " split=off") +
          (c.cpu_simd == CpuSimd::kAuto ? "" : std::string(" simd=") + cpu_simd_name(c.cpu_simd)) +
-         (c.cpu_bind ? "" : " bind=off");
+         (c.cpu_bind ? "" : " bind=off") +
+         (c.engine == Engine::kStepcast ? "" : std::string(" engine=") + engine_name(c.engine));
 }
 
 }  // namespace stepcast

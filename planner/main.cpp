@@ -282,6 +282,8 @@ struct ExplainOptions {
   int64_t gas = 1;
   std::string checkpointing = "off";
   std::string offload_pipeline = "on";
+  bool offload_pipeline_given = false;
+  std::string engine = "stepcast";
 };
 
 int run_explain(const CommonOptions& o, const ExplainOptions& e) {
@@ -299,7 +301,11 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   } else {
     throw InputError("--checkpointing \"" + e.checkpointing + "\" is not valid (valid: on, off)");
   }
-  parse_offload_pipeline(e.offload_pipeline, "--offload-pipeline", c);
+  c.engine = parse_engine(e.engine, "--engine");
+  // DeepSpeed and FSDP2 step their CPU optimizer after the backward: their order unless asked otherwise
+  // (validate_config names a contradiction).
+  const bool serial_engine = c.engine != Engine::kStepcast;
+  parse_offload_pipeline(serial_engine && !e.offload_pipeline_given ? "off" : e.offload_pipeline, "--offload-pipeline", c);
   if (c.offload_optimizer != OffloadDevice::kCpu) c.offload_overlap_forward = false;  // the flag's default is for offload
   validate_config(c);
   ModelSpec model = resolve_model(o.model, data_dir(o));
@@ -430,7 +436,12 @@ int main_impl(int argc, char** argv) {
   exp->add_option("--offload-optimizer", e.offload_optimizer, "none | cpu (stages 1-3)")->capture_default_str();
   exp->add_option("--offload-pipeline", e.offload_pipeline,
                   "on: CPU optimizer pipelined with the backward (Stepcast's backend); full: its last updates also "
-                  "overlap the next forward; off: serial, after the backward (DeepSpeed)")
+                  "overlap the next forward; off: serial, after the backward (DeepSpeed, FSDP2; their default)")
+      ->capture_default_str()
+      ->each([&](const std::string&) { e.offload_pipeline_given = true; });
+  exp->add_option("--engine", e.engine,
+                  "stepcast | deepspeed | fsdp2: the engine that runs the configuration (its order of copies and "
+                  "collectives, and its coefficients from the profile)")
       ->capture_default_str();
   exp->add_option("--offload-params", e.offload_params, "none | cpu (stage 3)")->capture_default_str();
   exp->add_option("--optimizer", e.optimizer, "adamw | adamw8bit")->capture_default_str();

@@ -1,0 +1,304 @@
+"""Peer harness: one training configuration run by real DeepSpeed or PyTorch FSDP2.
+
+The configuration is a planner plan (`planner explain --json`, plans[0].config); the model is a
+Hugging Face `transformers` model built from the same Stepcast model card, randomly initialised,
+fed random tokens. Every step is appended as one JSON line in the schema of `train --json-out`
+(config with "engine", model, params, time_s, memory_bytes, throughput, env, step, warmup), so
+`calibrate fit` and `calibrate report --engine ...` read peer runs like the backend's own.
+
+Phases, timed with a device synchronisation between them on every rank (the founding report's split):
+  forward, backward   summed over the step's micro-batches
+  gas                 the first GAS-1 micro-batches ("GAS Time")
+  opt                 the last micro-batch and the optimizer step ("OPT Time")
+  optimizer           the optimizer call alone (DeepSpeed: engine.step() at the boundary, which runs
+                      the CPU Adam, the parameter upload and the all-gather; FSDP2: optimizer.step())
+Collectives and copies run inside the engines' hooks and are not timed apart: grad_comm,
+param_gather and offload_transfer are written as null ("not measured").
+Memory: the largest peak reserved bytes of the caching allocator over the ranks, counted from after
+the model and engine are set up (their construction is not a training step).
+
+Run with torchrun on the GPU host (`calibrate measure --engine deepspeed|fsdp2` does):
+  python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peers/peer.py \
+      --engine deepspeed --plan plan.json --model-card data/models/llama-2-7b.toml \
+      --deepspeed-config ds.json --steps 4 --warmup 1 --json-out runs.jsonl
+DeepSpeed comes from .peers/ (scripts/peer_deps.sh), put on sys.path here.
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = os.path.join(HERE, "..", "..", ".peers")
+sys.path[:0] = [os.path.join(PEERS, "deepspeed-0.14.5"), os.path.join(PEERS, "site")]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def fail(msg):
+    print(f"peer: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def read_card(path):
+    import tomllib
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def hf_config(card, precision):
+    """The transformers config of a Stepcast model card (model/model_spec.h names -> config.json keys)."""
+    from transformers import AutoConfig
+    t = card["model_type"]
+    h, layers, heads = card["hidden_size"], card["num_layers"], card["num_heads"]
+    kv = card.get("num_kv_heads", heads)
+    common = dict(vocab_size=card["vocab_size"], use_cache=False, tie_word_embeddings=card.get("tied_embeddings", False))
+    if t in ("llama", "mistral", "qwen2"):
+        kw = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                  intermediate_size=card["intermediate_size"], max_position_embeddings=card["max_position_embeddings"],
+                  rms_norm_eps=card.get("norm_eps", 1e-5), rope_theta=card.get("rope_theta", 10000.0))
+        if t == "llama":
+            kw["attention_bias"] = card.get("qkv_bias", False)
+    elif t == "gpt_neox":
+        kw = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+                  intermediate_size=card["intermediate_size"], max_position_embeddings=card["max_position_embeddings"],
+                  rotary_pct=card["rotary_dim"] / (h // heads),
+                  partial_rotary_factor=card["rotary_dim"] / (h // heads), use_parallel_residual=card.get("parallel_residual", True),
+                  layer_norm_eps=card.get("norm_eps", 1e-5))
+    elif t == "gptj":
+        kw = dict(n_embd=h, n_layer=layers, n_head=heads, n_inner=card["intermediate_size"],
+                  n_positions=card["max_position_embeddings"], rotary_dim=card["rotary_dim"],
+                  layer_norm_epsilon=card.get("norm_eps", 1e-5))
+    else:
+        fail(f"{card.get('name')}: model_type {t!r} has no peer mapping (llama, mistral, qwen2, gpt_neox, gptj)")
+    cfg = AutoConfig.for_model(t, **kw, **common)
+    cfg.peer_dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    return cfg
+
+
+def causal_lm(cfg, dtype):
+    """The transformers model of `cfg` with SDPA attention, in `dtype` (transformers 5 names it dtype, 4 torch_dtype)."""
+    from transformers import AutoModelForCausalLM
+    try:
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    except TypeError:
+        return AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa")
+
+
+def layer_list(model):
+    for path in ("model.layers", "gpt_neox.layers", "transformer.h"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            return list(obj)
+        except AttributeError:
+            continue
+    fail(f"{type(model).__name__}: no decoder layer list found")
+
+
+def init_weights(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln" in name:
+                p.fill_(1.0) if name.endswith("weight") else p.zero_()
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02)
+
+
+def engine_version(engine):
+    if engine == "deepspeed":
+        path = os.path.join(PEERS, "deepspeed-0.14.5", "version.txt")
+        return open(path).read().strip() + " (source tree, .peers)"
+    return torch.__version__
+
+
+def build_deepspeed(cfg, c, ds_config, local_rank):
+    import deepspeed
+    deepspeed.init_distributed(dist_backend="nccl")
+    dtype = cfg.peer_dtype
+    if c["zero_stage"] == 3:
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+            model = causal_lm(cfg, dtype)
+    else:
+        with torch.device(f"cuda:{local_rank}"):
+            model = causal_lm(cfg, dtype)
+    if c["activation_checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+    def micro(tokens, last):
+        t0 = time.perf_counter()
+        loss = engine(input_ids=tokens, labels=tokens).loss
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        engine.backward(loss)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        engine.step()  # applies the optimizer only at the accumulation boundary
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        return loss.item(), t1 - t0, t2 - t1, (t3 - t2) if last else 0.0, (t3 - t2) if not last else 0.0
+
+    return micro, n_params
+
+
+def build_fsdp2(cfg, c, local_rank):
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    dist.init_process_group("nccl")
+    if c["zero_stage"] not in (2, 3):
+        fail(f"config.zero_stage is {c['zero_stage']}: FSDP2 shards parameters, gradients and states (stage 3) "
+             "or keeps parameters gathered between forward and backward (stage 2)")
+    off_opt, off_par = c["offload_optimizer"] == "cpu", c["offload_params"] == "cpu"
+    if off_opt != off_par:
+        fail("config.offload_optimizer and offload_params differ: FSDP2's CPUOffloadPolicy offloads "
+             "parameters, gradients and the optimizer together")
+    if c["optimizer"] != "adamw":
+        fail(f"config.optimizer is {c['optimizer']!r}: the FSDP2 peer runs torch's fused AdamW")
+    with torch.device("meta"):
+        model = causal_lm(cfg, torch.float32)
+    if c["activation_checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=cfg.peer_dtype, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=True) if off_opt else OffloadPolicy()
+    reshard = c["zero_stage"] == 3
+    for layer in layer_list(model):
+        fully_shard(layer, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+    model.to_empty(device="cpu" if off_opt else f"cuda:{local_rank}")
+    init_weights(model)
+    # Buffers built on the meta device hold garbage after to_empty: recompute the rotary frequencies.
+    with torch.no_grad():
+        for mod in model.modules():
+            if hasattr(mod, "inv_freq") and hasattr(mod, "rope_init_fn"):
+                inv_freq, _ = mod.rope_init_fn(mod.config, mod.inv_freq.device)
+                mod.inv_freq.copy_(inv_freq)
+                if hasattr(mod, "original_inv_freq"):
+                    mod.original_inv_freq = inv_freq
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
+    n_params = sum(p.numel() for p in model.parameters())  # DTensor: the global count
+    gas = c["gas"]
+    state = {"mb": 0}
+
+    def micro(tokens, last):
+        model.set_requires_gradient_sync(last)
+        t0 = time.perf_counter()
+        loss = model(input_ids=tokens, labels=tokens).loss / gas
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        loss.backward()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        t_opt = 0.0
+        if last:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            t_opt = time.perf_counter() - t2
+        state["mb"] += 1
+        return loss.item() * gas, t1 - t0, t2 - t1, t_opt, 0.0
+
+    return micro, n_params
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", required=True, choices=["deepspeed", "fsdp2"])
+    p.add_argument("--plan", required=True, help="planner explain --json output; plans[0].config runs")
+    p.add_argument("--model-card", required=True)
+    p.add_argument("--model-name", default="", help="the name recorded (default: the card's name)")
+    p.add_argument("--deepspeed-config", default="")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--json-out", required=True)
+    p.add_argument("--git-commit", default="unknown")
+    p.add_argument("--hardware", default="")
+    a = p.parse_args()
+    if a.steps <= a.warmup:
+        fail(f"--steps {a.steps} must exceed --warmup {a.warmup}")
+    plan = json.load(open(a.plan))
+    c = dict(plan["plans"][0]["config"])
+    card = read_card(a.model_card)
+    rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if world != c["gpus"] * c["nodes"]:
+        fail(f"{a.plan}: plans[0].config.world_size is {c['gpus'] * c['nodes']}, but torchrun started {world} ranks")
+    torch.cuda.set_device(local_rank)
+    cfg = hf_config(card, c["precision"])
+    if a.engine == "deepspeed":
+        if not a.deepspeed_config:
+            fail("--deepspeed-config is required with --engine deepspeed")
+        ds_config = json.load(open(a.deepspeed_config))
+        micro, n_params = build_deepspeed(cfg, c, ds_config, local_rank)
+    else:
+        micro, n_params = build_fsdp2(cfg, c, local_rank)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    gas, mb, seq = c["gas"], c["micro_batch"], c["seq_len"]
+    tokens_per_step = mb * seq * gas * world
+    flops_per_token = 6 * n_params + 6 * card["num_layers"] * card["hidden_size"] * seq
+    peak_flops = {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 494.7e12}[c["precision"]]  # H100/H200 SXM dense
+    c["engine"] = a.engine
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "engine": a.engine,
+           "engine_version": engine_version(a.engine), "git_commit": a.git_commit, "world_size": world,
+           "data": "random tokens", "attention": "sdpa", "model_implementation": "transformers"}
+    try:
+        import transformers
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    for step in range(a.steps):
+        fwd = bwd = opt_s = gas_s = 0.0
+        torch.cuda.synchronize()
+        dist.barrier()
+        t_start = time.perf_counter()
+        for m in range(gas):
+            last = m == gas - 1
+            tokens = torch.randint(0, card["vocab_size"], (mb, seq), device="cuda", generator=gen)
+            t0 = time.perf_counter()
+            loss, f, b, o, _ = micro(tokens, last)
+            fwd += f
+            bwd += b
+            opt_s += o
+            if not last:
+                gas_s += time.perf_counter() - t0
+        torch.cuda.synchronize()
+        step_s = time.perf_counter() - t_start
+        # Every rank's numbers: the slowest rank's step and the largest peak are the job's.
+        t = torch.tensor([step_s, gas_s, fwd, bwd, opt_s, torch.cuda.max_memory_reserved(),
+                          torch.cuda.max_memory_allocated(),
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], device="cuda",
+                         dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        step_s, gas_s, fwd, bwd, opt_s, reserved, allocated, rss = t.tolist()
+        tps = tokens_per_step / step_s
+        rec = {"config": c, "model": a.model_name or card["name"], "params": n_params, "step": step + 1,
+               "warmup": step < a.warmup, "loss": loss,
+               "time_s": {"step": step_s, "gas": gas_s if gas > 1 else None, "opt": step_s - gas_s, "forward": fwd,
+                          "backward": bwd, "optimizer": opt_s, "grad_comm": None, "param_gather": None,
+                          "offload_transfer": None},
+               "memory_bytes": {"gpu_peak_reserved": reserved, "gpu_peak_allocated": allocated, "host_peak_rss": rss},
+               "throughput": {"tokens_per_s": tps, "mfu": tps * flops_per_token / (world * peak_flops),
+                              "world_samples_per_s": tokens_per_step / seq / step_s},
+               "env": env}
+        if a.hardware:
+            rec["hardware"] = a.hardware
+        if rank == 0:
+            print(f"peer {a.engine} step {step + 1}{' (warm-up)' if step < a.warmup else ''}: {step_s:.3f} s "
+                  f"(gas {gas_s:.3f}, opt {step_s - gas_s:.3f}, optimizer {opt_s:.3f}), {tps:.0f} tokens/s, "
+                  f"loss {loss:.3f}, peak reserved {reserved / 2**30:.1f} GiB", flush=True)
+            with open(a.json_out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
