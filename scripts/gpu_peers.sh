@@ -23,4 +23,4 @@ mkdir -p "$OUT_DIR"
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
   nproc; free -g | head -2; } > "$OUT_DIR/env.txt" 2>&1
 build-peers/calibrate/calibrate measure --engine "$ENGINE" --list "$LIST" --out "$OUT_DIR" --steps "$STEPS" \
-  --budget-min "${BUDGET_MIN:-8}" --planner build-peers/planner/planner
+  --budget-min "${BUDGET_MIN:-8}" --timeout-s "${TIMEOUT_S:-300}" --planner build-peers/planner/planner
