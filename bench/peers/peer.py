@@ -25,6 +25,7 @@ DeepSpeed comes from .peers/ (scripts/peer_deps.sh), put on sys.path here.
 """
 import argparse
 import json
+import math
 import os
 import resource
 import sys
@@ -130,6 +131,8 @@ def build_deepspeed(cfg, c, ds_config, local_rank):
             model = causal_lm(cfg, dtype)
     if c["activation_checkpointing"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if c["zero_stage"] != 3:
+        init_weights(model)  # ZeRO-3's partitioned parameters keep transformers' own initialisation
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
@@ -280,7 +283,7 @@ def main():
         step_s, gas_s, fwd, bwd, opt_s, reserved, allocated, rss = t.tolist()
         tps = tokens_per_step / step_s
         rec = {"config": c, "model": a.model_name or card["name"], "params": n_params, "step": step + 1,
-               "warmup": step < a.warmup, "loss": loss,
+               "warmup": step < a.warmup, "loss": loss if math.isfinite(loss) else None,
                "time_s": {"step": step_s, "gas": gas_s if gas > 1 else None, "opt": step_s - gas_s, "forward": fwd,
                           "backward": bwd, "optimizer": opt_s, "grad_comm": None, "param_gather": None,
                           "offload_transfer": None},
