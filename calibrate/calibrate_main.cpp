@@ -32,6 +32,7 @@ int main_impl(int argc, char** argv) {
   double holdout = 0.25;
   uint64_t seed = 1;
   bool json = false;
+  std::string fit_engine = "stepcast";
   for (CLI::App* sub : {app.add_subcommand("fit", "fit the coefficients and write a calibrated profile"),
                         app.add_subcommand("report", "predicted vs measured for every run")}) {
     sub->add_option("--runs", runs, sub->get_name() == "fit"
@@ -42,6 +43,10 @@ int main_impl(int argc, char** argv) {
     sub->add_option("--seed", seed, "hold-out split seed")->capture_default_str();
     sub->add_option("--data-dir", dir, "folder with models/ and hardware/");
     sub->add_flag("--json", json, "print JSON");
+    sub->add_option("--engine", fit_engine,
+                    "stepcast (the hardware coefficients) | deepspeed | fsdp2 (that engine's section [engines.NAME], "
+                    "from its runs only)")
+        ->capture_default_str();
   }
   app.get_subcommand("fit")->add_option("--out", out, "calibrated profile to write (default: the profile itself)");
   app.get_subcommand("report")->add_option("--svg", svg, "write a predicted-vs-measured plot");
@@ -88,14 +93,14 @@ int main_impl(int argc, char** argv) {
   if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir, !no_micro, micro_flags);
   if (app.got_subcommand("fit") && runs.empty()) throw InputError("calibrate fit needs --runs FILE...");
 #ifdef STEPCAST_HAVE_CERES
-  if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json);
+  if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json, fit_engine);
 #else
   if (app.got_subcommand("fit")) throw InputError("this build has no Ceres: fit on a machine with libceres-dev");
 #endif
 #ifdef STEPCAST_HAVE_CERES
-  return run_report(runs, hardware, holdout, seed, dir, json, svg, fit_analyses);
+  return run_report(runs, hardware, holdout, seed, dir, json, svg, fit_analyses, fit_engine);
 #else
-  return run_report(runs, hardware, holdout, seed, dir, json, svg);
+  return run_report(runs, hardware, holdout, seed, dir, json, svg, nullptr, fit_engine);
 #endif
 }
 

@@ -14,20 +14,13 @@ namespace stepcast::calibrate {
 namespace {
 
 // The profile as `calibrate fit` would write it from `cal` (values, covariance, model error).
-HardwareProfile fitted_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
-                               const std::vector<RunRecord>& fitted_runs) {
+HardwareProfile fold_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
+                             const std::vector<RunRecord>& fitted_runs) {
   CalibratedCoefficients cc;
-  cc.values = cal.fit.coefs;
-  cc.std_errors = cal.fit.std_errors;
-  cc.model_error_frac = cal.fit.model_error_frac;
-  if (cal.fit.covariance_ok) {
-    cc.free = cal.options.free;
-    cc.covariance = cal.fit.covariance;
-  }
   for (const RunRecord& r : fitted_runs)
     cc.max_micro_tokens = std::max(cc.max_micro_tokens, static_cast<double>(r.config.micro_batch * r.config.seq_len));
   cc.source = "cross-validation fold";
-  return parse_hardware_profile(with_calibrated_coefficients(base_text, cc), hw.path);
+  return fitted_profile(hw, base_text, cal, cc);
 }
 
 double percentile(std::vector<double> v, double q) {
@@ -71,7 +64,7 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
         fitted.push_back(runs[i]);
       }
     if (obs.empty()) continue;  // one fold holds everything: nothing to fit it from
-    const HardwareProfile fold_hw = fitted_profile(hw, base_text, calibrate_two_stage(obs, micro, hw), fitted);
+    const HardwareProfile fold_hw = fold_profile(hw, base_text, calibrate_for_engine(obs, micro, hw), fitted);
     for (size_t i : members) {
       const Prediction p = evaluate(runs[i].model, fold_hw, runs[i].config);
       out[i] = {&runs[i], p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, p.time.forward_s,
@@ -136,7 +129,7 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
 
 nlohmann::json coefficient_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                   const HardwareProfile& hw) {
-  std::vector<Coef> free = default_free_coefs();
+  std::vector<Coef> free = hw.engine == "stepcast" ? default_free_coefs() : engine_free_coefs();
   for (Coef c : component_coefs(micro))
     if (std::find(free.begin(), free.end(), c) == free.end()) free.push_back(c);
   std::vector<Observation> obs;

@@ -314,4 +314,41 @@ Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::
   return out;
 }
 
+std::vector<Coef> engine_free_coefs() {
+  return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kPcieEffFrac,
+          kOffloadOverlapFrac,   kCpuCoreBytesPerSPerLane, kCpuOptStepOverheadS, kGpuFragFrac,
+          kActBytesMult,         kLossExtraBytesPerLogit,  kGpuWorkspaceBytes};
+}
+
+Calibration calibrate_for_engine(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,
+                                 const HardwareProfile& hw) {
+  if (hw.engine == "stepcast") return calibrate_two_stage(obs, micro, hw);
+  Calibration out;
+  FitOptions options;
+  options.free = engine_free_coefs();
+  // The prior: the hardware's value (what the engine would run at if it behaved as ours).
+  for (Coef c : options.free) options.component_priors.push_back({c, hw.coefs[c], options.sigma_prior});
+  out.fit = fit_coefficients(obs, hw.coefs, options);
+  out.options = options;
+  return out;
+}
+
+std::string fitted_profile_text(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
+                                CalibratedCoefficients cc) {
+  cc.values = cal.fit.coefs;
+  cc.std_errors = cal.fit.std_errors;
+  cc.model_error_frac = cal.fit.model_error_frac;
+  if (cal.fit.covariance_ok && hw.engine == "stepcast") {
+    cc.free = cal.options.free;
+    cc.covariance = cal.fit.covariance;
+  }
+  return hw.engine == "stepcast" ? with_calibrated_coefficients(base_text, cc)
+                                 : with_engine_section(base_text, hw.engine, cc);
+}
+
+HardwareProfile fitted_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
+                               const CalibratedCoefficients& provenance) {
+  return for_engine(parse_hardware_profile(fitted_profile_text(hw, base_text, cal, provenance), hw.path), hw.engine);
+}
+
 }  // namespace stepcast::calibrate

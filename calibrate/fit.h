@@ -118,4 +118,22 @@ void check_identifiable(const std::vector<Observation>& observations, const std:
 Calibration calibrate_two_stage(const std::vector<Observation>& observations, const std::vector<MicroRecord>& micro,
                                 const HardwareProfile& hw, FitOptions options = {});
 
+// The engine coefficients a peer engine's runs identify (a subset of engine_coefs()): its
+// model implementation's element-wise work, launch overheads and backward, its host copies and
+// their overlap, its CPU optimizer's rate and fixed time, and its memory habits.
+std::vector<Coef> engine_free_coefs();
+
+// The fit of a profile for its engine (hw.engine): the two-stage hardware fit for Stepcast;
+// for a peer engine only engine_free_coefs(), from the profile's values (the hardware's,
+// under any earlier engine section), each pulled weakly toward the hardware's value.
+Calibration calibrate_for_engine(const std::vector<Observation>& observations, const std::vector<MicroRecord>& micro,
+                                 const HardwareProfile& hw);
+
+// The profile that `cal` makes of `hw` (parsed back from the text a fit writes): its
+// [coefficients] for Stepcast, its [engines.NAME] section for a peer, seen through for_engine.
+HardwareProfile fitted_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
+                               const CalibratedCoefficients& provenance);
+std::string fitted_profile_text(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
+                                CalibratedCoefficients provenance);
+
 }  // namespace stepcast::calibrate

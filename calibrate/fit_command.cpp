@@ -24,13 +24,14 @@ namespace stepcast::calibrate {
 namespace fs = std::filesystem;
 
 int run_fit(const std::vector<std::string>& run_files, const std::string& hw_name, const std::string& out_path,
-            double holdout_frac, uint64_t seed, const std::string& dir, bool json) {
+            double holdout_frac, uint64_t seed, const std::string& dir, bool json, const std::string& engine) {
   if (!(holdout_frac >= 0 && holdout_frac < 1))
     throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
   const auto files = to_paths(run_files);
-  HardwareProfile hw = resolve_hardware(hw_name, resolve_data_dir(dir));
+  parse_engine(engine, "--engine");
+  HardwareProfile hw = for_engine(resolve_hardware(hw_name, resolve_data_dir(dir)), engine);
   check_output_path(out_path.empty() ? hw.path : out_path);  // before the fit, not after it
-  const auto runs = load_runs(files, resolve_data_dir(dir));
+  const auto runs = runs_of_engine(load_runs(files, resolve_data_dir(dir)), engine);
   std::vector<Observation> obs;
   size_t held = 0;
   for (const auto& r : runs) {
@@ -40,15 +41,16 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     }
     obs.push_back(observation_of(r, hw));
   }
-  if (obs.empty()) throw InputError("no runs left to fit after the hold-out split");
-  const auto micro = load_micro(files);
-  check_identifiable(obs, micro, hw);
+  if (obs.empty()) throw InputError("no runs of engine " + engine + " left to fit after the hold-out split");
+  // A peer engine's fit moves only its engine coefficients: the micro-benchmarks are the hardware's.
+  const auto micro = engine == "stepcast" ? load_micro(files) : std::vector<MicroRecord>{};
+  if (engine == "stepcast") check_identifiable(obs, micro, hw);
   const auto t0 = std::chrono::steady_clock::now();
   if (!micro.empty())
     std::fprintf(stderr, "calibrate: stage 1, component fit on %zu micro-benchmarks ...\n", micro.size());
   std::fprintf(stderr, "calibrate: %send-to-end fit on %zu runs (%zu held out) from %zu files ...\n",
                micro.empty() ? "" : "stage 2, ", obs.size(), held, files.size());
-  const Calibration cal = calibrate_two_stage(obs, micro, hw);
+  const Calibration cal = calibrate_for_engine(obs, micro, hw);
   const std::optional<FitResult>& components = cal.components;
   const FitResult& fit = cal.fit;
   const FitOptions& fo = cal.options;
@@ -62,13 +64,6 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
 
   CalibratedCoefficients cc;
-  cc.values = fit.coefs;
-  cc.std_errors = fit.std_errors;
-  cc.model_error_frac = fit.model_error_frac;
-  if (fit.covariance_ok) {
-    cc.free = fo.free;
-    cc.covariance = fit.covariance;
-  }
   // The planner flags plans whose micro-batch x sequence lies beyond the fitted runs.
   for (const auto& r : runs)
     if (!is_holdout(r.key, holdout_frac, seed))
@@ -84,13 +79,13 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
               fnv1a64_hex(all) + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
               " held out, seed " + std::to_string(seed) + "; " + std::to_string(micro.size()) +
               " micro-benchmarks in the component fit); " + fit.summary;
-  const std::string text = with_calibrated_coefficients(read_text_file(hw.path), cc);
+  const std::string text = fitted_profile_text(hw, read_text_file(hw.path), cal, cc);
   const std::string target = out_path.empty() ? hw.path : out_path;
   parse_hardware_profile(text, target);  // what we write must read back
   write_file_atomic(target, text);
 
   // Accuracy of the new profile, fit and held-out runs apart.
-  HardwareProfile fitted = parse_hardware_profile(text, target);
+  HardwareProfile fitted = for_engine(parse_hardware_profile(text, target), engine);
   const auto rows = predict_rows(runs, fitted, holdout_frac, seed);
   nlohmann::json report = {{"profile", target},
                            {"fit_wall_s", fit_s},

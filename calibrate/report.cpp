@@ -117,28 +117,32 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
 
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
                uint64_t seed, const std::string& dir, bool json, const std::string& svg,
-               const CrossValidator& cross_validator) {
+               const CrossValidator& cross_validator, const std::string& engine) {
   if (!(holdout_frac >= 0 && holdout_frac < 1))
     throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
   if (!svg.empty()) check_output_path(svg);
-  HardwareProfile hw = resolve_hardware(hw_name, resolve_data_dir(dir));
+  parse_engine(engine, "--engine");
+  HardwareProfile hw = for_engine(resolve_hardware(hw_name, resolve_data_dir(dir)), engine);
   // Without --runs: the runs the profile says it was fitted from.
   std::vector<std::string> named = run_files;
   if (named.empty()) {
     if (hw.calibration_runs.empty())
-      throw InputError(hw.path + ": [coefficients] names no runs (key 'runs'); give --runs FILE...");
+      throw InputError(hw.path + ": " + (engine == "stepcast" ? "[coefficients]" : "[engines." + engine + "]") +
+                       " names no runs (key 'runs'); give --runs FILE...");
     for (const std::string& r : hw.calibration_runs)
       named.push_back(fs::path(r).is_absolute() ? r : (resolve_data_dir(dir) / r).string());
   }
   const auto files = to_paths(named);
-  const auto runs = load_runs(files, resolve_data_dir(dir));
-  const auto micro = load_micro(files);
-  if (runs.empty() && micro.empty()) throw InputError("--runs: no step runs and no micro-benchmarks in the files given");
+  const auto runs = runs_of_engine(load_runs(files, resolve_data_dir(dir)), engine);
+  const auto micro = engine == "stepcast" ? load_micro(files) : std::vector<MicroRecord>{};
+  if (runs.empty() && micro.empty())
+    throw InputError("--runs: no step runs of engine " + engine + " and no micro-benchmarks in the files given");
   const auto rows = predict_rows(runs, hw, holdout_frac, seed);
   if (!svg.empty() && !rows.empty())
     write_file_atomic(svg, svg_plot(rows, hw.name + (hw.coefs_calibrated ? " (calibrated)" : " (not calibrated)") +
                                               ": predicted vs measured step time"));
   nlohmann::json j = {{"hardware", hw.name},
+                      {"engine", engine},
                       {"calibrated", hw.coefs_calibrated},
                       {"fit", summarize(rows, false)},
                       {"holdout", summarize(rows, true)},

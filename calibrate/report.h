@@ -42,6 +42,6 @@ using CrossValidator = std::function<nlohmann::json(const std::vector<RunRecord>
 // given `cross_validator`, the cross-validated accuracy. Returns the exit status.
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
                uint64_t seed, const std::string& dir, bool json, const std::string& svg,
-               const CrossValidator& cross_validator = nullptr);
+               const CrossValidator& cross_validator = nullptr, const std::string& engine = "stepcast");
 
 }  // namespace stepcast::calibrate

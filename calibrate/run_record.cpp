@@ -148,6 +148,13 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
   return out;
 }
 
+std::vector<RunRecord> runs_of_engine(const std::vector<RunRecord>& runs, const std::string& engine) {
+  std::vector<RunRecord> out;
+  for (const RunRecord& r : runs)
+    if (engine_name(r.config.engine) == engine) out.push_back(r);
+  return out;
+}
+
 bool is_holdout(const std::string& key, double fraction, uint64_t seed) {
   return static_cast<double>(fnv1a64(key, seed) % 10000) / 10000.0 < fraction;
 }

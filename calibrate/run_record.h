@@ -41,6 +41,9 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir);
 
+// The runs of one engine (engine_name of their configuration).
+std::vector<RunRecord> runs_of_engine(const std::vector<RunRecord>& runs, const std::string& engine);
+
 // A deterministic split: a run is held out when a hash of its key falls under `fraction`.
 bool is_holdout(const std::string& key, double fraction, uint64_t seed);
 

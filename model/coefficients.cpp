@@ -117,4 +117,20 @@ CoefVector default_coefs() {
   return out;
 }
 
+const std::vector<Coef>& engine_coefs() {
+  static const std::vector<Coef> kEngine = {
+      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kGradCommOverlapFrac,
+      kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kGpuOptBwEffFrac,
+      kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,
+      kGpuWorkspaceBytes,    kGpuFragFrac,            kActBytesMult,      kLossExtraBytesPerLogit,
+      kHostBytesPerRank};
+  return kEngine;
+}
+
+bool is_engine_coef(Coef c) {
+  for (Coef e : engine_coefs())
+    if (e == c) return true;
+  return false;
+}
+
 }  // namespace stepcast

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace stepcast {
 
@@ -64,6 +65,15 @@ struct CoefInfo {
 
 // The table, in Coef order.
 const std::array<CoefInfo, kNumCoefs>& coef_table();
+
+// The coefficients that belong to the training engine rather than to the hardware: how its
+// model implementation and kernels use the GPU (element-wise traffic, launch overheads,
+// backward slowdown), how it overlaps collectives and copies, its optimizers' rates, its
+// host copies' efficiency, and its memory habits (activations, loss, allocator, workspace).
+// A profile's [engines.NAME] section sets these for DeepSpeed or FSDP2; the rest (GEMM and
+// attention kernels, NCCL, PCIe, DRAM) are the hardware's and are shared by every engine.
+const std::vector<Coef>& engine_coefs();
+bool is_engine_coef(Coef c);
 
 // Looks a coefficient up by its name; nullopt when unknown.
 std::optional<Coef> coef_by_name(std::string_view name);

@@ -41,7 +41,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   toml::table table = TomlReader::parse(text, origin);
   TomlReader r(table, origin);
   r.reject_unknown_keys({"name", "description", "gpu", "host", "links", "price_per_gpu_hour",
-                         "coefficients"});
+                         "coefficients", "engines"});
   HardwareProfile hw;
   hw.path = origin;
   hw.name = r.get_string("name");
@@ -169,7 +169,101 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       }
     }
   }
+  if (auto engines = r.subtable_opt("engines")) {
+    for (const auto& [ekey, enode] : engines->table()) {
+      const std::string engine(ekey.str());
+      if (engine != "deepspeed" && engine != "fsdp2")
+        throw InputError(origin + ": key 'engines." + engine + "' is not a peer engine (valid: deepspeed, fsdp2)");
+      const TomlReader e = engines->subtable(engine);
+      EngineSection sec;
+      sec.calibrated = e.get_bool_or("calibrated", false);
+      sec.source = e.get_string_or("source", "");
+      sec.runs = e.get_string_array_or("runs");
+      sec.model_error_frac = e.get_double_or("model_error_frac", 0.0, 0.0, 1.0);
+      for (const auto& [key, node] : e.table()) {
+        const std::string name(key.str());
+        if (name == "calibrated" || name == "source" || name == "runs" || name == "model_error_frac") continue;
+        const auto id = coef_by_name(name);
+        if (!id || !is_engine_coef(*id)) {
+          std::string valid;
+          for (Coef c : engine_coefs()) valid += (valid.empty() ? "" : ", ") + std::string(coef_table()[c].name);
+          throw InputError(origin + ": key 'engines." + engine + "." + name + "' is not an engine coefficient (valid: " +
+                           valid + ")");
+        }
+        const CoefInfo& info = coef_table()[*id];
+        sec.values[*id] = e.get_double(name, info.lower, info.upper);
+      }
+      hw.engines[engine] = sec;
+    }
+  }
   return hw;
+}
+
+HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine) {
+  if (engine == "stepcast") return hw;
+  HardwareProfile out = hw;
+  out.engine = engine;
+  out.coef_covariance.clear();
+  out.coef_std_errors.clear();
+  out.calibration_runs.clear();
+  const auto it = hw.engines.find(engine);
+  if (it == hw.engines.end()) {
+    out.coefs_calibrated = false;
+    out.coefs_source = "no [engines." + engine + "] section: the hardware's Stepcast-fitted engine coefficients";
+    out.model_error_frac = 0;
+    return out;
+  }
+  const EngineSection& sec = it->second;
+  for (const auto& [c, v] : sec.values) out.coefs[c] = v;
+  out.coefs_calibrated = hw.coefs_calibrated && sec.calibrated;
+  out.coefs_source = sec.source;
+  out.model_error_frac = sec.model_error_frac;
+  out.calibration_runs = sec.runs;
+  return out;
+}
+
+namespace {
+
+std::string toml_string_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += (i ? ", \"" : "\"");
+    for (char ch : items[i]) {
+      if (ch == '"' || ch == '\\') out += '\\';
+      out += ch;
+    }
+    out += '"';
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::string with_engine_section(const std::string& profile_text, const std::string& engine,
+                                const CalibratedCoefficients& c) {
+  std::ostringstream sec;
+  sec.precision(9);
+  sec << "[engines." << engine << "]\ncalibrated = true\n";
+  sec << "model_error_frac = " << c.model_error_frac << "\n";
+  sec << "source = \"" << c.source << "\"\n";
+  if (!c.runs.empty()) sec << "runs = " << toml_string_array(c.runs) << "\n";
+  for (Coef id : engine_coefs()) sec << coef_table()[id].name << " = " << c.values[id] << "\n";
+  sec << "\n";
+  // Remove the old section: from its header to the next header of another table.
+  std::string text = profile_text;
+  const std::string header = "[engines." + engine + "]";
+  size_t at = text.find("\n" + header);
+  if (text.rfind(header, 0) == 0) at = 0;
+  if (at != std::string::npos) {
+    const size_t start = at == 0 ? 0 : at + 1;
+    size_t end = text.find("\n[", start + header.size());
+    end = end == std::string::npos ? text.size() : end + 1;
+    text.erase(start, end - start);
+  }
+  // Engine sections sit before [coefficients], which a hardware fit rewrites with all after it.
+  const size_t coefs = text.find("\n[coefficients]");
+  if (coefs == std::string::npos) return text + (text.empty() || text.back() == '\n' ? "" : "\n") + sec.str();
+  return text.substr(0, coefs + 1) + sec.str() + text.substr(coefs + 1);
 }
 
 HardwareProfile load_hardware_profile(const fs::path& path) {

@@ -45,6 +45,16 @@ struct LinkSpec {
   int gpus_per_node_max = 0;
 };
 
+// A profile's [engines.NAME] section: the engine coefficients (coefficients.h, engine_coefs)
+// fitted to that engine's runs on this hardware.
+struct EngineSection {
+  bool calibrated = false;
+  std::string source;
+  std::vector<std::string> runs;       // the runs files it was fitted from (as [coefficients] runs)
+  std::map<Coef, double> values;       // engine coefficients it sets
+  double model_error_frac = 0;         // RMS relative step-time residual of its fit
+};
+
 struct HardwareProfile {
   std::string name;
   std::string path;          // file it was read from
@@ -65,6 +75,8 @@ struct HardwareProfile {
   // relative to the data folder (or absolute); `calibrate report` without --runs reads them.
   std::vector<std::string> calibration_runs;
   std::vector<std::vector<double>> coef_covariance;  // kNumCoefs x kNumCoefs; empty when not calibrated
+  std::map<std::string, EngineSection> engines;       // [engines.deepspeed], [engines.fsdp2]
+  std::string engine = "stepcast";                    // the engine `coefs` are for (for_engine)
 };
 
 HardwareProfile parse_hardware_profile(const std::string& toml_text, const std::string& origin);
@@ -84,6 +96,18 @@ struct CalibratedCoefficients {
 // The profile text with its [coefficients] section (and all after it) replaced by `c`,
 // marked calibrated. The writer of the section parse_hardware_profile reads.
 std::string with_calibrated_coefficients(const std::string& profile_text, const CalibratedCoefficients& c);
+
+// The profile as the cost model sees it for `engine` (train_config.h's engine_name): the
+// hardware coefficients with the engine section's values over them, calibrated when both the
+// hardware and the engine section are, its fit's model error and runs. Without a section the
+// engine gets the hardware's (Stepcast-fitted) engine coefficients and is marked not calibrated;
+// "stepcast" returns the profile unchanged.
+HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine);
+
+// The profile text with its [engines.NAME] section replaced (or added before [coefficients]),
+// marked calibrated; only engine coefficients (engine_coefs) are written.
+std::string with_engine_section(const std::string& profile_text, const std::string& engine,
+                                const CalibratedCoefficients& c);
 
 // True when a configuration's micro-batch x sequence lies beyond the fitted runs
 // of a calibrated profile: its time and memory are extrapolated.

@@ -63,7 +63,8 @@ double step_time_std_s(const StepFeatures& f, const CoefVector& coefs,
 }
 
 double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, double step_s) {
-  if (hw.coef_covariance.empty()) return 0.0;
+  // An engine section carries its fit's model error without a covariance.
+  if (hw.coef_covariance.empty()) return hw.coefs_calibrated ? hw.model_error_frac * step_s : 0.0;
   const double sp = step_time_std_s(f, hw.coefs, hw.coef_covariance);
   const double sm = hw.model_error_frac * step_s;
   return std::sqrt(sp * sp + sm * sm);
@@ -71,6 +72,9 @@ double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, dou
 
 Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,
                     const ResourceLimits& limits) {
+  // A configuration of another engine than the profile is seen for: that engine's coefficients.
+  if (hw.engine == "stepcast" && config.engine != Engine::kStepcast)
+    return evaluate(spec, for_engine(hw, engine_name(config.engine)), config, limits);
   Features f = make_features(spec, hw, config, limits);
   Prediction p = evaluate_features(f, config, hw, hw.coefs, limits);
   p.step_std_s = step_interval_std_s(f.step, hw, p.time.step_s);

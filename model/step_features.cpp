@@ -206,6 +206,36 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     f.opt_pipeline_units = L + 2.0;
   }
   if (offload_par) f.param_h2d_bytes_micro = 2.0 * (params / n) * wb;
+  // The peers' offload traffic, read from their sources (DeepSpeed v0.14.5, torch 2.11):
+  if (offload_opt && c.engine == Engine::kDeepSpeed) {
+    const double g = static_cast<double>(c.gas);
+    if (stage <= 2) {
+      // runtime/zero/stage_1_and_2.py, async_accumulate_grad_in_cpu_via_gpu: every micro-batch but
+      // the last copies its 16-bit gradient partition to a host buffer and, from the second on,
+      // first brings the host sum back to add to it; the last sends the sum as fp32
+      // (async_inplace_copy_grad_to_fp32_buffer_from_gpu). update_lp_params then copies the
+      // fp32 partition into the 16-bit one on the GPU (fp32 over the link).
+      f.grad_host_bytes_micro = g > 1.0 ? shard_params * wb * (1.0 + (g - 2.0) / (g - 1.0)) : 0.0;
+      f.d2h_bytes_boundary = shard_params * (4.0 + (g > 1.0 ? wb : 0.0));
+      f.h2d_bytes_step = shard_params * 4.0;
+    } else {
+      // runtime/zero/stage3.py, partition_grads: each micro-batch's reduced partition goes to the
+      // host as fp32 and is summed there; the update reaches the GPU's 16-bit partition (or stays
+      // on the host with parameter offload).
+      f.grad_host_bytes_micro = shard_params * 4.0;
+      f.d2h_bytes_boundary = shard_params * 4.0;
+      f.h2d_bytes_step = offload_par ? 0.0 : shard_params * wb;
+    }
+  }
+  if (offload_opt && c.engine == Engine::kFsdp2) {
+    // fully_shard with CPUOffloadPolicy: the fp32 parameter shard lives on the host and each
+    // all-gather copies it up before casting (forward and, resharded, backward); gradients
+    // accumulate unsharded on the GPU without sync and the last micro-batch's fp32 reduced
+    // shard goes down; the fused CPU AdamW updates the host shard in place (nothing goes up).
+    f.param_h2d_bytes_micro = 2.0 * shard_params * 4.0;
+    f.d2h_bytes_boundary = shard_params * 4.0;
+    f.h2d_bytes_step = 0.0;
+  }
   f.h2d_bytes_per_s = hw.host.h2d_bytes_per_s;
   f.d2h_bytes_per_s = hw.host.d2h_bytes_per_s;
 
@@ -215,6 +245,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.opt_overlap_fwd = c.offload_pipeline && c.offload_overlap_forward ? 1.0 : 0.0;
   f.opt_params_rank = shard_params;
   f.opt_bytes_per_param = optimizer_traffic_bytes(c.optimizer, c.precision, offload_opt, c.split_master);
+  // The peers' CPU optimizers keep fp32 parameters, gradients and moments on the host: 4 B read
+  // of the gradient, 8 B read and write of the parameter, 16 B of the moments.
+  if (offload_opt && c.engine != Engine::kStepcast) f.opt_bytes_per_param = 28.0;
   f.opt_flops_per_param = optimizer_flops(c.optimizer);
   f.ranks_per_node = c.gpus_per_node;
   f.cpu_cores_node = limits.cpu_cores_node > 0 ? limits.cpu_cores_node

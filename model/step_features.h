@@ -50,6 +50,7 @@ struct StepFeatures {
   double d2h_bytes_boundary = 0;    // gradient shard to the host, last micro-batch only
   double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
+  double grad_host_bytes_micro = 0; // gradients to and from the host on each non-boundary micro-batch (DeepSpeed)
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;

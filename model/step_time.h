@@ -200,6 +200,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
                                                f.gather_bus_factor, false, f, coef);
   const T param_up_s = pcie_copy_time_s(f.param_h2d_bytes_micro, f.h2d_bytes_per_s, coef);
   const T d2h_boundary_s = pcie_copy_time_s(f.d2h_bytes_boundary, f.d2h_bytes_per_s, coef);
+  const T grad_host_micro_s = pcie_copy_time_s(f.grad_host_bytes_micro, f.d2h_bytes_per_s, coef);
 
   // Overlap: gradient reduction and copies to the host run on their own
   // streams during backward; gathers and uploads are prefetched during compute.
@@ -211,7 +212,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
   const T d2h_exposed_boundary = max0(d2h_boundary_s - copy_window);
 
-  const T micro_s = compute_s + gather_exposed + rs_exposed_micro;
+  const T grad_host_exposed_micro = max0(grad_host_micro_s - copy_window);
+  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + grad_host_exposed_micro;
   const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
 
   // --- optimizer step --------------------------------------------------------
@@ -257,9 +259,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.param_gather_s = g * gather_exposed;
   out.param_gather_total_s = g * (gather_s + param_up_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
-  out.offload_transfer_s = d2h_exposed_boundary +
+  out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary +
                          (pipelined ? tail_s - optimizer_exposed : upload_s);
-  out.offload_transfer_total_s = d2h_boundary_s + upload_s;
+  out.offload_transfer_total_s = (g - 1.0) * grad_host_micro_s + d2h_boundary_s + upload_s;
   out.optimizer_s = optimizer_exposed;
   out.optimizer_total_s = optimizer_s;
   out.gas_s = (g - 1.0) * micro_s;

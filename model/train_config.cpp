@@ -98,6 +98,10 @@ void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
   if (c.engine == Engine::kDeepSpeed && c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline)
     throw InputError(engine + " runs its CPU optimizer after the backward: " + n.offload_order +
                      " must be off (got " + offload_pipeline_name(c) + ")");
+  if (c.engine == Engine::kDeepSpeed && c.offload_optimizer == OffloadDevice::kCpu &&
+      c.optimizer != OptimizerKind::kAdamW)
+    throw InputError(engine + " offloads to its fp32 CPU Adam: --optimizer must be adamw with " +
+                     n.offload_optimizer + " cpu (got " + optimizer_name(c.optimizer) + ")");
   if (c.engine == Engine::kFsdp2) {
     if (c.zero_stage != 2 && c.zero_stage != 3)
       throw InputError(engine + " shards gradients and optimizer states: " + n.stage + " must be 2 or 3 (got " +

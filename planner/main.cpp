@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "common/atomic_file.h"
@@ -187,15 +188,41 @@ bool ranking_overlaps_forward(const std::string& pipeline, const char* command) 
 int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
                   int top_k, bool no_offload, const std::string& engine, const std::string& pipeline) {
   if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
-  if (engine != "stepcast" && engine != "deepspeed")
-    throw InputError("--engine \"" + engine + "\" is not valid (valid: stepcast, deepspeed)");
+  const Engine eng = parse_engine(engine, "--engine");
   const bool overlap_forward = ranking_overlaps_forward(pipeline, "recommend");
   SearchRequest req = make_request(o, global_batch, optimizers);
+  req.base.engine = eng;
   const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
-  req.deepspeed_engine = engine == "deepspeed";
+  req.deepspeed_engine = eng != Engine::kStepcast;  // the peers' CPU optimizer runs after the backward
   req.overlap_forward = overlap_forward;
+  // The same job on the Stepcast backend, for a peer engine's user: its best plan and the ratio.
+  std::optional<Prediction> ours;
+  if (eng != Engine::kStepcast) {
+    SearchRequest sreq = req;
+    sreq.base.engine = Engine::kStepcast;
+    sreq.deepspeed_engine = false;
+    const SearchResult sres = search_plans(sreq);
+    if (!sres.ranked.empty()) ours = sres.ranked.front();
+  }
+  req.hardware = for_engine(req.hardware, engine);
   SearchResult res = search_plans(req);
+  if (!req.hardware.coefs_calibrated && req.hardware.engines.count(engine) == 0 && eng != Engine::kStepcast)
+    res.notes.push_back("engine " + engine + " is not calibrated on " + req.hardware.name +
+                        " (no [engines." + engine + "] section): its predictions use the Stepcast backend's "
+                        "engine coefficients");
+  if (ours && !res.ranked.empty()) {
+    const Prediction& top = res.ranked.front();
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "on the Stepcast backend the same job's best plan (%s, micro-batch %lld, GAS %lld%s) is predicted "
+                  "at %.0f tokens/s: %.2fx this %s plan's %.0f",
+                  family_name(ours->config).c_str(), static_cast<long long>(ours->config.micro_batch),
+                  static_cast<long long>(ours->config.gas), ours->config.activation_checkpointing ? ", checkpointing" : "",
+                  ours->throughput.tokens_per_s, ours->throughput.tokens_per_s / top.throughput.tokens_per_s,
+                  engine.c_str(), top.throughput.tokens_per_s);
+    res.notes.push_back(buf);
+  }
   ReportContext ctx{&req.model, &req.hardware, o.train_tokens};
 
   std::vector<std::string> notes;

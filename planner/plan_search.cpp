@@ -144,6 +144,13 @@ SearchResult search_plans(const SearchRequest& req) {
                     c.offload_pipeline && off_opt == OffloadDevice::kCpu && req.overlap_forward;
                 c.micro_batch = micro;
                 c.gas = gas;
+                if (c.engine != Engine::kStepcast) {
+                  try {
+                    validate_config(c);  // what the peer engine cannot run is not a plan for it
+                  } catch (const InputError&) {
+                    continue;
+                  }
+                }
                 Features f = make_features(req.model, req.hardware, c, req.limits);
                 all.push_back(evaluate_features(f, c, req.hardware, req.hardware.coefs, req.limits));
               }
@@ -154,8 +161,9 @@ SearchResult search_plans(const SearchRequest& req) {
     }
   }
   if (req.deepspeed_engine && req.allow_offload)
-    result.notes.push_back("ranked for DeepSpeed: its CPU Adam runs after the backward (serial offload) with fp32 "
-                           "states; 8-bit offloaded states and the pipelined offload are Stepcast backend features");
+    result.notes.push_back(std::string("ranked for ") + engine_name(req.base.engine) +
+                           ": its CPU optimizer runs after the backward (serial offload) with fp32 states; 8-bit "
+                           "offloaded states and the pipelined offload are Stepcast backend features");
   if (skipped_single_rank)
     result.notes.push_back("on one GPU, stages 1-3 without offload partition nothing and equal stage 0: not listed");
   if (all.empty())
@@ -178,7 +186,7 @@ SearchResult search_plans(const SearchRequest& req) {
   std::sort(result.ranked.begin(), result.ranked.end(), better);
   // Intervals (2 x coefficients more evaluations each) for the plans anyone will read.
   auto add_interval = [&](Prediction& p) {
-    if (req.hardware.coef_covariance.empty()) return;
+    if (req.hardware.coef_covariance.empty() && !req.hardware.coefs_calibrated) return;
     const Features f = make_features(req.model, req.hardware, p.config, req.limits);
     p.step_std_s = step_interval_std_s(f.step, req.hardware, p.time.step_s);
   };
@@ -282,6 +290,11 @@ std::vector<Lever> offload_levers(const SearchRequest& req, const Prediction& pl
   const TrainConfig& c = plan.config;
   if (c.offload_optimizer != OffloadDevice::kCpu) return out;
   auto add = [&](const std::string& name, const TrainConfig& changed, const ResourceLimits& limits) {
+    try {
+      validate_config(changed);  // a lever the plan's engine does not have is not offered
+    } catch (const InputError&) {
+      return;
+    }
     Lever l{name, evaluate(req.model, req.hardware, changed, limits), 0.0};
     l.gain_frac = l.result.throughput.tokens_per_s / plan.throughput.tokens_per_s - 1.0;
     out.push_back(std::move(l));

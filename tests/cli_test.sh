@@ -106,13 +106,14 @@ python3 - "$TMP/ds_rank.json" "$TMP/sc_rank.json" <<'PY' && ok || bad "engine ra
 import json, sys
 ds, sc = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert ds["request"]["engine"] == "deepspeed" and sc["request"]["engine"] == "stepcast"
+assert all(p["config"].get("engine") == "deepspeed" for p in ds["plans"])
 off = lambda j: [p for p in j["plans"] if p["config"]["offload_optimizer"] == "cpu"]
 assert off(ds) and off(sc)
 assert all(not p["config"]["offload_pipeline"] and p["config"]["optimizer"] == "adamw" for p in off(ds))
 assert all(p["config"]["offload_pipeline"] for p in off(sc))
 assert any(p["config"]["optimizer"] == "adamw8bit" for p in off(sc))
 # The same offload configuration is slower under DeepSpeed's serial order.
-key = lambda p: json.dumps({k: v for k, v in p["config"].items() if k not in ("offload_pipeline", "offload_overlap_forward")}, sort_keys=True)
+key = lambda p: json.dumps({k: v for k, v in p["config"].items() if k not in ("offload_pipeline", "offload_overlap_forward", "engine")}, sort_keys=True)
 scd = {key(p): p["throughput"]["tokens_per_s"] for p in off(sc)}
 common = [p for p in off(ds) if key(p) in scd]
 assert common and all(p["throughput"]["tokens_per_s"] < scd[key(p)] for p in common)
