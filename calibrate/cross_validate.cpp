@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <random>
 
 #include "calibrate/fit.h"
 #include "common/text_file.h"
@@ -48,6 +49,32 @@ std::string offload_of(const RunRecord& r) {
 
 }  // namespace
 
+IntervalModel region_of(const std::vector<RunRecord>& runs) {
+  IntervalModel m;
+  const auto add = [](auto& values, const auto& v) {
+    if (std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
+  };
+  for (const RunRecord& r : runs) {
+    add(m.models, r.model.name);
+    add(m.zero_stages, static_cast<int64_t>(r.config.zero_stage));
+    add(m.offloads, offload_of(r));
+    add(m.precisions, std::string(precision_name(r.config.precision)));
+    add(m.attentions, std::string(attention_name(r.config.attention)));
+    add(m.world_sizes, static_cast<int64_t>(r.config.world_size()));
+    const double seq = static_cast<double>(r.config.seq_len);
+    m.seq_min = m.seq_min == 0 ? seq : std::min(m.seq_min, seq);
+    m.seq_max = std::max(m.seq_max, seq);
+    m.micro_tokens_max = std::max(m.micro_tokens_max, static_cast<double>(r.config.micro_batch) * seq);
+  }
+  std::sort(m.models.begin(), m.models.end());
+  std::sort(m.zero_stages.begin(), m.zero_stages.end());
+  std::sort(m.offloads.begin(), m.offloads.end());
+  std::sort(m.precisions.begin(), m.precisions.end());
+  std::sort(m.attentions.begin(), m.attentions.end());
+  std::sort(m.world_sizes.begin(), m.world_sizes.end());
+  return m;
+}
+
 std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                          const HardwareProfile& hw,
                                          const std::function<std::string(const RunRecord&)>& fold_of) {
@@ -65,23 +92,28 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
       }
     if (obs.empty()) continue;  // one fold holds everything: nothing to fit it from
     const HardwareProfile fold_hw = fold_profile(hw, base_text, calibrate_for_engine(obs, micro, hw), fitted);
+    const IntervalModel region = region_of(fitted);
     for (size_t i : members) {
       const Prediction p = evaluate(runs[i].model, fold_hw, runs[i].config);
       out[i] = {&runs[i], p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, p.time.forward_s,
-                p.time.backward_s + p.time.recompute_s, p.time.optimizer_total_s};
+                p.time.backward_s + p.time.recompute_s, p.time.optimizer_total_s,
+                unseen_dimensions(region, runs[i].model.name, runs[i].config)};
     }
   }
   out.erase(std::remove_if(out.begin(), out.end(), [](const CvPrediction& p) { return p.run == nullptr; }), out.end());
   return out;
 }
 
-nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions) {
+nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval) {
   std::vector<double> step, mem, fwd, bwd, opt;
   int inside = 0;
   for (const CvPrediction& p : predictions) {
     const RunRecord& r = *p.run;
     step.push_back(std::abs(p.step_s / r.step_s - 1));
-    if (std::abs(p.step_s - r.step_s) <= 1.96 * p.step_std_s) ++inside;
+    // The profile's interval model (with the run's distance from its fold's region), else the fold's own band.
+    if (!interval.empty() ? std::abs(std::log(r.step_s / p.step_s)) <= interval_log_halfwidth(interval, p.unseen_dims)
+                          : std::abs(p.step_s - r.step_s) <= 1.96 * p.step_std_s)
+      ++inside;
     if (r.gpu_peak_reserved_bytes > 0) mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
     if (r.forward_s > 0) fwd.push_back(std::abs(p.forward_s / r.forward_s - 1));
     if (r.backward_s > 0) bwd.push_back(std::abs(p.backward_s / r.backward_s - 1));
@@ -99,11 +131,56 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions) {
           {"coverage_95", predictions.empty() ? 0.0 : static_cast<double>(inside) / static_cast<double>(predictions.size())}};
 }
 
+namespace {
+
+// The regimes a user asks about, held out whole.
+const std::vector<std::pair<std::string, std::function<std::string(const RunRecord&)>>>& regime_groupings() {
+  static const std::vector<std::pair<std::string, std::function<std::string(const RunRecord&)>>> kGroups = {
+      {"model", [](const RunRecord& r) { return r.model.name; }},
+      {"zero_stage", [](const RunRecord& r) { return std::to_string(r.config.zero_stage); }},
+      {"offload", offload_of},
+      {"seq_len", [](const RunRecord& r) { return std::to_string(r.config.seq_len); }},
+      {"gpus", [](const RunRecord& r) { return std::to_string(r.config.world_size()); }},
+  };
+  return kGroups;
+}
+
+double conformal_q95(std::vector<double> abs_log) {
+  if (abs_log.empty()) return 0;
+  std::sort(abs_log.begin(), abs_log.end());
+  const size_t rank = static_cast<size_t>(std::ceil(0.95 * static_cast<double>(abs_log.size() + 1)));
+  return abs_log[std::min(rank, abs_log.size()) - 1];
+}
+
+}  // namespace
+
+IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                             const HardwareProfile& hw) {
+  std::vector<double> seen, unseen;
+  const auto collect = [&](const std::vector<CvPrediction>& preds) {
+    for (const CvPrediction& p : preds) {
+      const double e = std::abs(std::log(p.run->step_s / p.step_s));
+      (p.unseen_dims == 0 ? seen : unseen).push_back(e);
+    }
+  };
+  collect(cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; }));
+  for (const auto& [name, fold_of] : regime_groupings()) collect(cross_validate(runs, micro, hw, fold_of));
+  IntervalModel m = region_of(runs);
+  m.seen_predictions = static_cast<int>(seen.size());
+  m.unseen_predictions = static_cast<int>(unseen.size());
+  m.log_q95_seen = std::max(conformal_q95(seen), 1e-6);
+  m.log_q95_unseen = std::max(conformal_q95(unseen), m.log_q95_seen);
+  return m;
+}
+
 nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                        const HardwareProfile& hw) {
   std::fprintf(stderr, "calibrate: cross-validating (leave one configuration out, then one group) ...\n");
   nlohmann::json cv;
-  cv["loco"] = cv_summary(cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; }));
+  cv["loco"] = cv_summary(cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; }), hw.interval);
+  cv["interval"] = {{"source", hw.interval.empty() ? "coefficient covariance and model error" : "cross-validated (conformal)"},
+                    {"log_q95_seen", hw.interval.log_q95_seen},
+                    {"log_q95_unseen", hw.interval.log_q95_unseen}};
   const std::vector<std::pair<std::string, std::function<std::string(const RunRecord&)>>> groupings = {
       {"model", [](const RunRecord& r) { return r.model.name; }},
       {"zero_stage", [](const RunRecord& r) { return std::to_string(r.config.zero_stage); }},
@@ -119,12 +196,38 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
     for (const CvPrediction& p : preds) by_value[fold_of(*p.run)].push_back(p);
     if (by_value.size() < 2) continue;  // one value only: the group cannot be held out
     for (const auto& [value, members] : by_value) {
-      nlohmann::json g = cv_summary(members);
+      nlohmann::json g = cv_summary(members, hw.interval);
       g["name"] = name + "=" + value;
       cv["groups"].push_back(g);
     }
   }
   return cv;
+}
+
+std::vector<double> bootstrap_std_errors(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                         const HardwareProfile& hw) {
+  if (runs.size() < 3) return {};
+  std::vector<Observation> obs;
+  for (const RunRecord& r : runs) obs.push_back(observation_of(r, hw));
+  std::vector<std::vector<double>> draws(kNumCoefs);
+  std::mt19937_64 gen(20261201);
+  std::uniform_int_distribution<size_t> pick(0, runs.size() - 1);
+  for (int b = 0; b < kBootstrapRefits; ++b) {
+    std::vector<Observation> sample;
+    for (size_t i = 0; i < runs.size(); ++i) sample.push_back(obs[pick(gen)]);
+    const Calibration cal = calibrate_for_engine(sample, micro, hw);
+    for (Coef c : cal.options.free) draws[c].push_back(cal.fit.coefs[c]);
+  }
+  std::vector<double> out(kNumCoefs, 0.0);
+  for (int c = 0; c < kNumCoefs; ++c) {
+    const std::vector<double>& v = draws[c];
+    if (v.size() < 2) continue;
+    double mean = 0, ss = 0;
+    for (double x : v) mean += x / static_cast<double>(v.size());
+    for (double x : v) ss += (x - mean) * (x - mean);
+    out[c] = std::sqrt(ss / static_cast<double>(v.size() - 1));
+  }
+  return out;
 }
 
 nlohmann::json coefficient_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
@@ -134,6 +237,8 @@ nlohmann::json coefficient_report(const std::vector<RunRecord>& runs, const std:
     if (std::find(free.begin(), free.end(), c) == free.end()) free.push_back(c);
   std::vector<Observation> obs;
   for (const RunRecord& r : runs) obs.push_back(observation_of(r, hw));
+  const std::vector<double> boot = bootstrap_std_errors(runs, micro, hw);
+  const auto spread = [&](Coef c) { return boot.empty() ? 0.0 : boot[c]; };
   nlohmann::json out = nlohmann::json::array();
   for (const CoefSupport& s : coefficient_support(obs, micro, hw, free, hw.coefs)) {
     const CoefInfo& info = coef_table()[s.coef];
@@ -147,6 +252,9 @@ nlohmann::json coefficient_report(const std::vector<RunRecord>& runs, const std:
                    {"informing_configurations", s.configurations},
                    {"informing_micro_records", s.micro_records},
                    {"on_bound", on_bound},
+                   {"std_error", hw.coef_std_errors.empty() ? 0.0 : hw.coef_std_errors[s.coef]},
+                   {"bootstrap_std", spread(s.coef)},
+                   {"bootstrap_refits", boot.empty() ? 0 : kBootstrapRefits},
                    {"flag", flag}});
   }
   return out;

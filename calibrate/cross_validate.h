@@ -22,7 +22,28 @@ struct CvPrediction {
   const RunRecord* run = nullptr;
   double step_s = 0, step_std_s = 0, gpu_memory_bytes = 0;
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  int unseen_dims = 0;  // regime dimensions of the run outside its fold's fitted runs (unseen_dimensions)
 };
+
+// Standard errors of the fitted coefficients (hw.engine's fit) as the data give them: the
+// standard deviation of each over kBootstrapRefits refits on configurations drawn with
+// replacement (a fixed generator: reproducible). kNumCoefs values, 0 for fixed ones; empty
+// under 3 runs. `calibrate fit` stores these in the profile; the fit's own covariance
+// understates them (tens to hundreds of times for some coefficients on the H200 data).
+inline constexpr int kBootstrapRefits = 100;
+std::vector<double> bootstrap_std_errors(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                                         const HardwareProfile& hw);
+
+// The region a set of runs covers (IntervalModel's value lists and ranges; no quantiles).
+IntervalModel region_of(const std::vector<RunRecord>& runs);
+
+// The interval model of a fit to `runs` (hw.engine's fit): its cross-validated residuals,
+// leave one configuration out and leave one group out (model, ZeRO stage, offload, sequence,
+// GPU count), split by whether the held-out run lay inside its fold's region; the conformal
+// 95 % quantile of each pool (the ceil(0.95 (n + 1))-th smallest |log(measured / predicted)|,
+// the largest where n < 19), and the region of all runs.
+IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
+                             const HardwareProfile& hw);
 
 // Predicts every run from a fit without the runs that share its `fold_of` value. The micro-
 // benchmarks (the component stage) stay in every fold: they measure kernels, not configurations.
@@ -32,7 +53,9 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
 
 // Mean, p90 and max absolute percent errors of step time, each phase and peak memory, and
 // the fraction of measured step times inside the 95 % interval (coverage_95).
-nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions);
+// Coverage counts a run inside `interval`'s band (at its unseen dimensions) where the model has one,
+// else inside 1.96 of its fold's step_std_s.
+nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval = {});
 
 // The report's "cv" object: {loco: summary + configurations, groups: [{name, value,
 // configurations, step_time_mean_abs_pct_error, coverage_95, ...}]}. Progress to stderr.

@@ -326,9 +326,10 @@ Calibration calibrate_for_engine(const std::vector<Observation>& obs, const std:
   Calibration out;
   FitOptions options;
   options.free = engine_free_coefs();
-  // The prior: the hardware's value (what the engine would run at if it behaved as ours).
-  for (Coef c : options.free) options.component_priors.push_back({c, hw.coefs[c], options.sigma_prior});
-  out.fit = fit_coefficients(obs, hw.coefs, options);
+  // Start and prior: the hardware's values (what the engine would run at if it behaved as ours),
+  // not an earlier engine section's, so that a refit on the same runs gives the same section.
+  for (Coef c : options.free) options.component_priors.push_back({c, hw.hardware_coefs[c], options.sigma_prior});
+  out.fit = fit_coefficients(obs, hw.hardware_coefs, options);
   out.options = options;
   return out;
 }
@@ -336,7 +337,7 @@ Calibration calibrate_for_engine(const std::vector<Observation>& obs, const std:
 std::string fitted_profile_text(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
                                 CalibratedCoefficients cc) {
   cc.values = cal.fit.coefs;
-  cc.std_errors = cal.fit.std_errors;
+  if (cc.std_errors.empty()) cc.std_errors = cal.fit.std_errors;  // the caller's bootstrap errors win
   cc.model_error_frac = cal.fit.model_error_frac;
   if (cal.fit.covariance_ok && hw.engine == "stepcast") {
     cc.free = cal.options.free;

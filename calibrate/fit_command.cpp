@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/report.h"
@@ -79,6 +80,16 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
               fnv1a64_hex(all) + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
               " held out, seed " + std::to_string(seed) + "; " + std::to_string(micro.size()) +
               " micro-benchmarks in the component fit); " + fit.summary;
+  // The interval the profile will print: conformal quantiles of this fit's own cross-validation.
+  {
+    std::vector<RunRecord> fitted_runs;
+    for (const auto& r : runs)
+      if (!is_holdout(r.key, holdout_frac, seed)) fitted_runs.push_back(r);
+    std::fprintf(stderr, "calibrate: cross-validating the fit for its interval ...\n");
+    if (fitted_runs.size() >= 3) cc.interval = interval_model(fitted_runs, micro, hw);
+    std::fprintf(stderr, "calibrate: %d bootstrap refits for the coefficients' standard errors ...\n", kBootstrapRefits);
+    cc.std_errors = bootstrap_std_errors(fitted_runs, micro, hw);
+  }
   const std::string text = fitted_profile_text(hw, read_text_file(hw.path), cal, cc);
   const std::string target = out_path.empty() ? hw.path : out_path;
   parse_hardware_profile(text, target);  // what we write must read back
@@ -105,7 +116,8 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   nlohmann::json coefs = nlohmann::json::object();
   for (Coef c : fo.free)
     coefs[std::string(coef_table()[c].name)] = {{"value", fit.coefs[c]},
-                                                {"std_error", fit.std_errors[c]},
+                                                {"std_error", cc.std_errors.empty() ? fit.std_errors[c] : cc.std_errors[c]},
+                                                {"covariance_std_error", fit.std_errors[c]},
                                                 {"default", coef_table()[c].default_value},
                                                 {"informing_configurations", support_of(c).configurations},
                                                 {"informing_micro_records", support_of(c).micro_records}};
@@ -125,11 +137,14 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     std::cout << report.dump(2) << "\n";
   } else {
     std::printf("calibrated profile written to %s (%.2f s, %s)\n", target.c_str(), fit_s, fit.summary.c_str());
-    std::printf("%-28s %12s %12s %12s %8s %8s\n", "coefficient", "default", "fitted", "std error", "configs", "micro");
+    std::printf("(std error: over %d bootstrap refits; covariance: the fit's own, which understates it)\n",
+                kBootstrapRefits);
+    std::printf("%-28s %12s %12s %12s %12s %8s %8s\n", "coefficient", "default", "fitted", "std error", "covariance",
+                "configs", "micro");
     for (Coef c : fo.free)
-      std::printf("%-28s %12.4g %12.4g %12.3g %8d %8d\n", std::string(coef_table()[c].name).c_str(),
-                  coef_table()[c].default_value, fit.coefs[c], fit.std_errors[c], support_of(c).configurations,
-                  support_of(c).micro_records);
+      std::printf("%-28s %12.4g %12.4g %12.3g %12.3g %8d %8d\n", std::string(coef_table()[c].name).c_str(),
+                  coef_table()[c].default_value, fit.coefs[c], cc.std_errors.empty() ? 0.0 : cc.std_errors[c],
+                  fit.std_errors[c], support_of(c).configurations, support_of(c).micro_records);
     if (components) {
       std::printf("stage 1 (components, %zu micro-benchmarks, RMS error %.1f %%): %s\n", micro.size(),
                   100 * components->model_error_frac, components->summary.c_str());

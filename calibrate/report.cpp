@@ -197,9 +197,12 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   }
   if (j.contains("coefficients")) {
     std::printf("\ncoefficients the fit moves: what informs them in these runs\n");
-    std::printf("%-30s %12s %8s %8s  %s\n", "coefficient", "value", "configs", "micro", "flag");
+    std::printf("(std error: the profile's; bootstrap: the spread over refits on these runs resampled by configuration)\n");
+    std::printf("%-30s %12s %10s %10s %8s %8s  %s\n", "coefficient", "value", "std error", "bootstrap", "configs",
+                "micro", "flag");
     for (const auto& c : j["coefficients"])
-      std::printf("%-30s %12.4g %8d %8d  %s\n", c["name"].get<std::string>().c_str(), c["value"].get<double>(),
+      std::printf("%-30s %12.4g %10.3g %10.3g %8d %8d  %s\n", c["name"].get<std::string>().c_str(),
+                  c["value"].get<double>(), c["std_error"].get<double>(), c["bootstrap_std"].get<double>(),
                   c["informing_configurations"].get<int>(), c["informing_micro_records"].get<int>(),
                   c["flag"].get<std::string>().c_str());
   }

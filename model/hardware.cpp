@@ -37,6 +37,65 @@ Precision parse_precision(const std::string& text, const std::string& what) {
   throw InputError(what + " = \"" + text + "\" is not a precision (valid: fp32, bf16, fp16)");
 }
 
+namespace {
+
+IntervalModel parse_interval(const TomlReader& t) {
+  t.reject_unknown_keys({"log_q95_seen", "log_q95_unseen", "seen_predictions", "unseen_predictions", "models",
+                         "offloads", "precisions", "attentions", "zero_stages", "world_sizes", "seq_min", "seq_max",
+                         "micro_tokens_max"});
+  IntervalModel m;
+  m.log_q95_seen = t.get_double("log_q95_seen", 1e-6, 10.0);
+  m.log_q95_unseen = t.get_double("log_q95_unseen", m.log_q95_seen, 10.0);
+  m.seen_predictions = static_cast<int>(t.get_int_or("seen_predictions", 0, 0, 1 << 30));
+  m.unseen_predictions = static_cast<int>(t.get_int_or("unseen_predictions", 0, 0, 1 << 30));
+  m.models = t.get_string_array_or("models");
+  m.offloads = t.get_string_array_or("offloads");
+  m.precisions = t.get_string_array_or("precisions");
+  m.attentions = t.get_string_array_or("attentions");
+  for (const auto& [key, target] : {std::pair<const char*, std::vector<int64_t>*>{"zero_stages", &m.zero_stages},
+                                    {"world_sizes", &m.world_sizes}}) {
+    if (const toml::array* a = t.table().get_as<toml::array>(key)) {
+      for (const auto& node : *a) {
+        const auto v = node.value<int64_t>();
+        if (!v || *v < 0 || *v > (int64_t{1} << 30))
+          throw InputError(t.origin() + ": key '" + t.key_path(key) + "' must hold non-negative integers");
+        target->push_back(*v);
+      }
+    }
+  }
+  m.seq_min = t.get_double("seq_min", 1.0, 1e9);
+  m.seq_max = t.get_double("seq_max", m.seq_min, 1e9);
+  m.micro_tokens_max = t.get_double("micro_tokens_max", 1.0, 1e12);
+  return m;
+}
+
+std::string interval_text(const std::string& header, const IntervalModel& m) {
+  if (m.empty()) return "";
+  std::ostringstream o;
+  o.precision(9);
+  const auto strings = [](const std::vector<std::string>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", \"" : "\"") + v[i] + "\"";
+    return out + "]";
+  };
+  const auto ints = [](const std::vector<int64_t>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+    return out + "]";
+  };
+  o << "\n[" << header << "]\n"
+    << "log_q95_seen = " << m.log_q95_seen << "\nlog_q95_unseen = " << m.log_q95_unseen
+    << "\nseen_predictions = " << m.seen_predictions << "\nunseen_predictions = " << m.unseen_predictions
+    << "\nmodels = " << strings(m.models) << "\noffloads = " << strings(m.offloads)
+    << "\nprecisions = " << strings(m.precisions) << "\nattentions = " << strings(m.attentions)
+    << "\nzero_stages = " << ints(m.zero_stages) << "\nworld_sizes = " << ints(m.world_sizes)
+    << "\nseq_min = " << m.seq_min << "\nseq_max = " << m.seq_max << "\nmicro_tokens_max = " << m.micro_tokens_max
+    << "\n";
+  return o.str();
+}
+
+}  // namespace
+
 HardwareProfile parse_hardware_profile(const std::string& text, const std::string& origin) {
   toml::table table = TomlReader::parse(text, origin);
   TomlReader r(table, origin);
@@ -107,7 +166,9 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
     hw.coefs_source = c->get_string_or("source", "");
     for (const auto& [key, node] : c->table()) {
       std::string name(key.str());
-      if (name == "calibrated" || name == "source" || name == "std_errors" || name == "covariance") continue;
+      if (name == "calibrated" || name == "source" || name == "std_errors" || name == "covariance" ||
+          name == "interval")
+        continue;
       if (name == "model_error_frac") {
         hw.model_error_frac = c->get_double(name, 0.0, 1.0);
         continue;
@@ -140,6 +201,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         hw.coef_std_errors[*id] = se->get_double(std::string(key.str()), 0.0, 1e30);
       }
     }
+    if (auto iv = c->subtable_opt("interval")) hw.interval = parse_interval(*iv);
     if (auto cv = c->subtable_opt("covariance")) {
       // names = [free coefficients], values = [[row], ...] in that order.
       const auto names = cv->get_string_array_or("names");
@@ -183,6 +245,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       for (const auto& [key, node] : e.table()) {
         const std::string name(key.str());
         if (name == "calibrated" || name == "source" || name == "runs" || name == "model_error_frac") continue;
+        if (name == "interval") {
+          sec.interval = parse_interval(e.subtable("interval"));
+          continue;
+        }
         const auto id = coef_by_name(name);
         if (!id || !is_engine_coef(*id)) {
           std::string valid;
@@ -203,6 +269,7 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
   if (engine == "stepcast") return hw;
   HardwareProfile out = hw;
   out.engine = engine;
+  out.hardware_coefs = hw.coefs;
   out.coef_covariance.clear();
   out.coef_std_errors.clear();
   out.calibration_runs.clear();
@@ -211,6 +278,7 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
     out.coefs_calibrated = false;
     out.coefs_source = "no [engines." + engine + "] section: the hardware's Stepcast-fitted engine coefficients";
     out.model_error_frac = 0;
+    out.interval = IntervalModel{};
     return out;
   }
   const EngineSection& sec = it->second;
@@ -219,6 +287,7 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
   out.coefs_source = sec.source;
   out.model_error_frac = sec.model_error_frac;
   out.calibration_runs = sec.runs;
+  out.interval = sec.interval;
   return out;
 }
 
@@ -248,7 +317,7 @@ std::string with_engine_section(const std::string& profile_text, const std::stri
   sec << "source = \"" << c.source << "\"\n";
   if (!c.runs.empty()) sec << "runs = " << toml_string_array(c.runs) << "\n";
   for (Coef id : engine_coefs()) sec << coef_table()[id].name << " = " << c.values[id] << "\n";
-  sec << "\n";
+  sec << interval_text("engines." + engine + ".interval", c.interval) << "\n";
   // Remove the old section: from its header to the next header of another table.
   std::string text = profile_text;
   const std::string header = "[engines." + engine + "]";
@@ -256,7 +325,10 @@ std::string with_engine_section(const std::string& profile_text, const std::stri
   if (text.rfind(header, 0) == 0) at = 0;
   if (at != std::string::npos) {
     const size_t start = at == 0 ? 0 : at + 1;
+    // ... and its subtables ([engines.NAME.interval]).
     size_t end = text.find("\n[", start + header.size());
+    while (end != std::string::npos && text.compare(end + 1, header.size(), "[engines." + engine + ".") == 0)
+      end = text.find("\n[", end + 1);
     end = end == std::string::npos ? text.size() : end + 1;
     text.erase(start, end - start);
   }
@@ -314,6 +386,7 @@ std::string with_calibrated_coefficients(const std::string& profile_text, const 
     sec << "]\n";
   }
   for (const auto& info : coef_table()) sec << info.name << " = " << c.values[info.id] << "\n";
+  sec << interval_text("coefficients.interval", c.interval);
   sec << "\n[coefficients.std_errors]\n";
   for (const auto& info : coef_table())
     if (!c.std_errors.empty() && c.std_errors[info.id] > 0) sec << info.name << " = " << c.std_errors[info.id] << "\n";

@@ -45,6 +45,23 @@ struct LinkSpec {
   int gpus_per_node_max = 0;
 };
 
+// The step-time interval a fit calibrates on its own cross-validation (split conformal, Vovk
+// et al. 2005; Lei et al. 2018): the 95 % quantile of |log(measured / predicted)| over
+// predictions of configurations whose regime the fit saw (leave one configuration out), and
+// over predictions in regimes it never saw (leave one group out: a model, ZeRO stage, offload,
+// sequence length or GPU count held out whole); and the region its runs cover. A prediction's
+// half-width grows from the first by the step to the second for each dimension outside the region.
+struct IntervalModel {
+  double log_q95_seen = 0;    // 0: no interval model (covariance and model error instead)
+  double log_q95_unseen = 0;
+  int seen_predictions = 0, unseen_predictions = 0;  // how many cross-validated residuals each rests on
+  std::vector<std::string> models, offloads, precisions, attentions;
+  std::vector<int64_t> zero_stages, world_sizes;
+  double seq_min = 0, seq_max = 0;  // sequence lengths between them count as seen
+  double micro_tokens_max = 0;      // micro-batch x sequence beyond it counts as unseen
+  bool empty() const { return log_q95_seen <= 0.0; }
+};
+
 // A profile's [engines.NAME] section: the engine coefficients (coefficients.h, engine_coefs)
 // fitted to that engine's runs on this hardware.
 struct EngineSection {
@@ -53,6 +70,7 @@ struct EngineSection {
   std::vector<std::string> runs;       // the runs files it was fitted from (as [coefficients] runs)
   std::map<Coef, double> values;       // engine coefficients it sets
   double model_error_frac = 0;         // RMS relative step-time residual of its fit
+  IntervalModel interval;              // [engines.NAME.interval]
 };
 
 struct HardwareProfile {
@@ -75,8 +93,10 @@ struct HardwareProfile {
   // relative to the data folder (or absolute); `calibrate report` without --runs reads them.
   std::vector<std::string> calibration_runs;
   std::vector<std::vector<double>> coef_covariance;  // kNumCoefs x kNumCoefs; empty when not calibrated
+  IntervalModel interval;                             // [coefficients.interval]
   std::map<std::string, EngineSection> engines;       // [engines.deepspeed], [engines.fsdp2]
   std::string engine = "stepcast";                    // the engine `coefs` are for (for_engine)
+  CoefVector hardware_coefs{};                        // for_engine: the [coefficients] values under the section
 };
 
 HardwareProfile parse_hardware_profile(const std::string& toml_text, const std::string& origin);
@@ -91,6 +111,7 @@ struct CalibratedCoefficients {
   double max_micro_tokens = 0;
   std::string source;               // provenance: date, commit, data hash, solver summary
   std::vector<std::string> runs;    // the runs files, relative to the data folder where inside it
+  IntervalModel interval;           // empty: not written
 };
 
 // The profile text with its [coefficients] section (and all after it) replaced by `c`,

@@ -3,6 +3,7 @@
 
 #include "model/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -70,6 +71,39 @@ double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, dou
   return std::sqrt(sp * sp + sm * sm);
 }
 
+int unseen_dimensions(const IntervalModel& m, const std::string& model, const TrainConfig& c) {
+  const auto has = [](const auto& values, const auto& v) {
+    return std::find(values.begin(), values.end(), v) != values.end();
+  };
+  std::string offload = offload_name(c.offload_optimizer);
+  if (c.offload_params == OffloadDevice::kCpu) offload += "+params";
+  int k = 0;
+  k += !has(m.models, model);
+  k += !has(m.zero_stages, static_cast<int64_t>(c.zero_stage));
+  k += !has(m.offloads, offload);
+  k += !has(m.precisions, std::string(precision_name(c.precision)));
+  k += !has(m.attentions, std::string(attention_name(c.attention)));
+  k += !has(m.world_sizes, static_cast<int64_t>(c.world_size()));
+  const double seq = static_cast<double>(c.seq_len);
+  k += seq < m.seq_min || seq > m.seq_max;
+  k += static_cast<double>(c.micro_batch) * seq > m.micro_tokens_max;
+  return k;
+}
+
+double interval_log_halfwidth(const IntervalModel& m, int unseen_dims) {
+  return m.log_q95_seen + static_cast<double>(unseen_dims) * (m.log_q95_unseen - m.log_q95_seen);
+}
+
+void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model) {
+  if (!hw.interval.empty() && hw.coefs_calibrated) {
+    p.unseen_dims = unseen_dimensions(hw.interval, model, p.config);
+    // The interval is symmetric in log(step time); its larger side, as a standard deviation.
+    p.step_std_s = p.time.step_s * std::expm1(interval_log_halfwidth(hw.interval, p.unseen_dims)) / 1.96;
+    return;
+  }
+  p.step_std_s = step_interval_std_s(f, hw, p.time.step_s);
+}
+
 Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,
                     const ResourceLimits& limits) {
   // A configuration of another engine than the profile is seen for: that engine's coefficients.
@@ -77,7 +111,7 @@ Prediction evaluate(const ModelSpec& spec, const HardwareProfile& hw, const Trai
     return evaluate(spec, for_engine(hw, engine_name(config.engine)), config, limits);
   Features f = make_features(spec, hw, config, limits);
   Prediction p = evaluate_features(f, config, hw, hw.coefs, limits);
-  p.step_std_s = step_interval_std_s(f.step, hw, p.time.step_s);
+  set_interval(p, f.step, hw, spec.name);
   return p;
 }
 

@@ -24,7 +24,11 @@ struct Prediction {
   Throughput throughput;
   double gpu_memory_limit_bytes = 0;
   double host_memory_limit_bytes = 0;  // per node
-  double step_std_s = 0;  // from the profile's coefficient covariance; 0 when not calibrated
+  // The 95 % step-time interval as a standard deviation (half-width / 1.96): from the profile's
+  // cross-validated interval model where it has one, else its coefficient covariance and model
+  // error; 0 when not calibrated.
+  double step_std_s = 0;
+  int unseen_dims = -1;  // regime dimensions outside the fitted runs (interval model); -1: none
   bool fits = false;
   std::string reason;  // why it does not fit; empty when it fits
 };
@@ -47,6 +51,18 @@ double step_time_std_s(const StepFeatures& f, const CoefVector& coefs,
 
 // Parameter uncertainty and the fit's model error, combined: sqrt(sp^2 + (e step)^2).
 double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, double step_s);
+
+// The regime dimensions of a configuration that lie outside an interval model's region: model,
+// ZeRO stage, offload, precision, attention, world size (each a value the fitted runs did not
+// have), sequence length outside their range, micro-batch x sequence beyond their largest.
+int unseen_dimensions(const IntervalModel& m, const std::string& model, const TrainConfig& c);
+
+// Half-width of the 95 % interval of log(step time): the seen quantile, plus the step to the
+// unseen one for each dimension outside the region.
+double interval_log_halfwidth(const IntervalModel& m, int unseen_dims);
+
+// Sets p.step_std_s and p.unseen_dims for `model` on `hw` (features f).
+void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model);
 
 // Same with precomputed features (the planner's hot loop) and a coefficient vector.
 Prediction evaluate_features(const Features& features, const TrainConfig& config,

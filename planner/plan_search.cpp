@@ -188,7 +188,7 @@ SearchResult search_plans(const SearchRequest& req) {
   auto add_interval = [&](Prediction& p) {
     if (req.hardware.coef_covariance.empty() && !req.hardware.coefs_calibrated) return;
     const Features f = make_features(req.model, req.hardware, p.config, req.limits);
-    p.step_std_s = step_interval_std_s(f.step, req.hardware, p.time.step_s);
+    set_interval(p, f.step, req.hardware, req.model.name);
   };
   for (size_t i = 0; i < std::min<size_t>(result.ranked.size(), 64); ++i) add_interval(result.ranked[i]);
 

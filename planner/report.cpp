@@ -54,6 +54,19 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
+// What the ±95% column means for this profile.
+std::string interval_legend(const HardwareProfile& hw) {
+  if (hw.interval.empty()) return "parameter and model error";
+  const double seen = 100 * std::expm1(hw.interval.log_q95_seen);
+  const double step = 100 * (std::expm1(hw.interval.log_q95_unseen) - std::expm1(hw.interval.log_q95_seen));
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "cross-validated (conformal): ±%.1f %% inside the calibrated runs' region, about +%.1f %% per "
+                "dimension outside it",
+                seen, step);
+  return buf;
+}
+
 std::string format_gib(double bytes) { return fmt("%.1f", bytes / kBytesPerGiB); }
 
 nlohmann::json model_to_json(const ModelSpec& m) {
@@ -206,7 +219,8 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
         << "' is not calibrated: efficiencies are first estimates (run `calibrate` on this hardware)\n";
   } else {
     std::string src = ctx.hardware->coefs_source.substr(0, ctx.hardware->coefs_source.find(';'));
-    out << "profile '" << ctx.hardware->name << "' calibrated (" << src << "); ±95% = parameter and model error\n";
+    out << "profile '" << ctx.hardware->name << "' calibrated (" << src << "); ±95% = "
+        << interval_legend(*ctx.hardware)        << "\n";
   }
   return out.str();
 }

@@ -152,3 +152,65 @@ TEST_CASE("the committed profile's peer sections predict their own runs' order o
   const double t_ds = evaluate(m, hw, ds).time.step_s, t_ours = evaluate(m, hw, ours).time.step_s;
   CHECK(t_ds > 1.5 * t_ours);
 }
+
+TEST_CASE("the interval model: regime distance by hand, half-width, and its profile section") {
+  IntervalModel m;
+  m.log_q95_seen = 0.10;
+  m.log_q95_unseen = 0.25;
+  m.models = {"llama-2-7b"};
+  m.offloads = {"cpu", "none"};
+  m.precisions = {"bf16"};
+  m.attentions = {"flash"};
+  m.zero_stages = {2, 3};
+  m.world_sizes = {2};
+  m.seq_min = 1024;
+  m.seq_max = 4096;
+  m.micro_tokens_max = 16384;
+  TrainConfig c;
+  c.zero_stage = 3;
+  c.gpus_per_node = 2;
+  c.micro_batch = 4;
+  c.seq_len = 2048;
+  CHECK(unseen_dimensions(m, "llama-2-7b", c) == 0);
+  CHECK(unseen_dimensions(m, "pythia-2.8b", c) == 1);  // the model
+  c.seq_len = 3000;                                    // inside [1024, 4096]: seen
+  CHECK(unseen_dimensions(m, "llama-2-7b", c) == 0);
+  c.seq_len = 8192;                                    // the range and micro-batch x sequence (32768 > 16384)
+  CHECK(unseen_dimensions(m, "llama-2-7b", c) == 2);
+  c.seq_len = 2048;
+  c.zero_stage = 1;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  c.gpus_per_node = 8;  // stage 1 and 8 ranks unseen; "cpu" offload seen
+  CHECK(unseen_dimensions(m, "llama-2-7b", c) == 2);
+  CHECK(interval_log_halfwidth(m, 0) == doctest::Approx(0.10));
+  CHECK(interval_log_halfwidth(m, 2) == doctest::Approx(0.10 + 2 * 0.15));
+  // A calibrated profile with the model: a prediction's band is exp(half-width) - 1 of its step.
+  HardwareProfile hw = hardware("h200-sxm");
+  REQUIRE(hw.coefs_calibrated);
+  hw.interval = m;
+  TrainConfig seen;
+  seen.zero_stage = 3;
+  seen.gpus_per_node = 2;
+  seen.micro_batch = 4;
+  const Prediction p = evaluate(model("llama-2-7b"), hw, seen);
+  CHECK(p.unseen_dims == 0);
+  CHECK(1.96 * p.step_std_s == doctest::Approx(p.time.step_s * std::expm1(0.10)));
+  const Prediction far = evaluate(model("pythia-2.8b"), hw, seen);
+  CHECK(far.unseen_dims == 1);
+  CHECK(1.96 * far.step_std_s == doctest::Approx(far.time.step_s * std::expm1(0.25)));
+  // Written and read back inside [coefficients] and an engine section.
+  CalibratedCoefficients cc;
+  cc.values = hw.coefs;
+  cc.interval = m;
+  const std::string text = read_text_file(hw.path);
+  const HardwareProfile back = parse_hardware_profile(with_calibrated_coefficients(text, cc), "w.toml");
+  CHECK(back.interval.log_q95_unseen == doctest::Approx(0.25));
+  CHECK(back.interval.zero_stages == std::vector<int64_t>{2, 3});
+  CHECK(back.interval.models == std::vector<std::string>{"llama-2-7b"});
+  const std::string eng = with_engine_section(text, "deepspeed", cc);
+  CHECK(with_engine_section(eng, "deepspeed", cc) == eng);  // the section and its interval replaced, not doubled
+  CHECK(for_engine(parse_hardware_profile(eng, "w.toml"), "deepspeed").interval.seq_max == 4096);
+  std::string bad = eng;
+  bad.replace(bad.find("log_q95_unseen = 0.25"), 21, "log_q95_unseen = 0.05");  // below the seen quantile
+  CHECK_THROWS_AS(parse_hardware_profile(bad, "b.toml"), InputError);
+}
