@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace stepcast {
@@ -13,6 +14,25 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Kendall's tau-b rank correlation of paired samples (Kendall 1945): (concordant - discordant)
+// pairs over sqrt((pairs - ties in x) (pairs - ties in y)). 1: the same order, -1: reversed;
+// 0 when fewer than two pairs or one side is constant.
+inline double kendall_tau_b(const std::vector<double>& x, const std::vector<double>& y) {
+  const size_t n = std::min(x.size(), y.size());
+  double concordant = 0, discordant = 0, ties_x = 0, ties_y = 0, pairs = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) {
+      const double dx = x[i] - x[j], dy = y[i] - y[j];
+      pairs += 1;
+      if (dx == 0) ties_x += 1;
+      if (dy == 0) ties_y += 1;
+      if (dx * dy > 0) concordant += 1;
+      else if (dx * dy < 0) discordant += 1;
+    }
+  const double denom = std::sqrt((pairs - ties_x) * (pairs - ties_y));
+  return denom > 0 ? (concordant - discordant) / denom : 0.0;
 }
 
 }  // namespace stepcast

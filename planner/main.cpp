@@ -361,6 +361,7 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
 // plan against the best measured one.
 int run_validate(const CommonOptions& o, int64_t global_batch, const std::string& optimizers, ValidateOptions v) {
   if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
+  if (v.sample < 0 || v.sample > 1000) throw InputError("--sample " + std::to_string(v.sample) + " is out of range [0, 1000]");
   if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
   SearchRequest req = make_request(o, global_batch, optimizers);
   req.overlap_forward = ranking_overlaps_forward(v.pipeline, "validate");
@@ -485,6 +486,11 @@ int main_impl(int argc, char** argv) {
   val->add_option("--global-batch", val_global_batch, "sequences per optimizer step across all ranks")->capture_default_str();
   val->add_option("--optimizers", val_optimizers, "comma-separated: adamw, adamw8bit")->capture_default_str();
   val->add_option("--top", vo.top, "plans to run")->capture_default_str();
+  val->add_option("--sample", vo.sample,
+                  "further plans to run for the ranking's quality (Kendall's tau): half spread over the rest of "
+                  "the ranking, half random fitting plans")
+      ->capture_default_str();
+  val->add_option("--seed", vo.seed, "seed of --sample's random plans")->capture_default_str();
   val->add_option("--steps", vo.steps, "steps per plan (the first is warm-up)")->capture_default_str();
   val->add_option("--train", vo.train, "path of the train binary");
   val->add_option("--device", vo.device, "auto | cpu | cuda")->capture_default_str();

@@ -12,6 +12,10 @@
 #include "planner/deepspeed_config.h"
 #include "planner/plan_search.h"
 #include "planner/report.h"
+#include "planner/validate.h"
+#include "common/stats.h"
+#include <algorithm>
+#include <cmath>
 #include "test_util.h"
 
 using namespace stepcast;
@@ -212,4 +216,27 @@ TEST_CASE("write_file_atomic: the whole text or nothing, no temporary left, one 
   }
   fs::permissions(dir / "ro", fs::perms::owner_all);
   fs::remove_all(dir);
+}
+
+TEST_CASE("Kendall's tau-b by hand, and the plans validate --sample chooses") {
+  // x = 1..5, y = 3 1 2 5 4: of the 10 pairs, (1,2) (1,3) (4,5) are discordant, 7 concordant:
+  // tau = (7 - 3) / 10.
+  CHECK(kendall_tau_b({1, 2, 3, 4, 5}, {3, 1, 2, 5, 4}) == doctest::Approx(0.4));
+  CHECK(kendall_tau_b({1, 2, 3}, {3, 2, 1}) == doctest::Approx(-1.0));
+  // Ties: x = 1 1 2, y = 1 2 3: 2 concordant of 3 pairs, 1 tie in x: 2 / sqrt(2 x 3).
+  CHECK(kendall_tau_b({1, 1, 2}, {1, 2, 3}) == doctest::Approx(2.0 / std::sqrt(6.0)));
+  CHECK(kendall_tau_b({1}, {2}) == 0.0);
+  // The top 3, then 2 spread over ranks 4..100 (indices 3 + 97 j / 3), then 2 random, all distinct.
+  const std::vector<size_t> chosen = plans_to_validate(100, 3, 4, 7);
+  REQUIRE(chosen.size() == 7);
+  CHECK(chosen[0] == 0);
+  CHECK(chosen[2] == 2);
+  CHECK(chosen[3] == 3 + 97 / 3);
+  CHECK(chosen[4] == 3 + 2 * 97 / 3);
+  std::vector<size_t> sorted = chosen;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+  CHECK(plans_to_validate(100, 3, 4, 7) == chosen);  // seeded
+  CHECK(plans_to_validate(5, 3, 10, 1).size() == 5);  // never more than the ranking holds
+  CHECK(plans_to_validate(2, 3, 0, 1) == std::vector<size_t>{0, 1});
 }

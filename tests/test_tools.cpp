@@ -57,6 +57,11 @@ TEST_CASE("planner validate runs the top plans and reports the regret") {
   const double best = std::max(tokens_per_s[0], tokens_per_s[1]);
   CHECK(j["top_plan_regret"].get<double>() == doctest::Approx(1.0 - tokens_per_s[0] / best).epsilon(1e-12));
   CHECK_FALSE(j["top_plan_failed"].get<bool>());
+  // Two plans: Kendall's tau is +1 when the measured order agrees with the predicted one, -1 when not.
+  const double dp = j["validated"][0]["throughput"]["tokens_per_s"].get<double>() -
+                    j["validated"][1]["throughput"]["tokens_per_s"].get<double>();
+  const double dm = tokens_per_s[0] - tokens_per_s[1];
+  CHECK(j["kendall_tau"].get<double>() == (dp * dm > 0 ? 1.0 : dp * dm < 0 ? -1.0 : 0.0));
 }
 
 TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL, and resumes") {
