@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "common/errors.h"
+
 #include "model/step_features.h"
 
 namespace stepcast {
@@ -82,6 +84,45 @@ std::string accelerate_yaml(const TrainConfig& c, const std::string& deepspeed_j
     << "  zero3_init_flag: " << (c.zero_stage == 3 ? "true" : "false") << "\n"
     << "machine_rank: 0\n"
     << "main_training_function: main\n"
+    << "num_machines: " << c.nodes << "\n"
+    << "num_processes: " << c.world_size() << "\n"
+    << "rdzv_backend: static\n"
+    << "same_network: true\n"
+    << "use_cpu: false\n";
+  return y.str();
+}
+
+std::string accelerate_fsdp_yaml(const ModelSpec& model, const TrainConfig& c) {
+  if (c.engine != Engine::kFsdp2)
+    throw InputError(std::string("--fsdp-config writes FSDP2 plans: add --engine fsdp2 (the plan's engine is ") +
+                     engine_name(c.engine) + ")");
+  // transformers' decoder-layer classes (models/<type>/modeling_<type>.py).
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"llama", "LlamaDecoderLayer"}, {"mistral", "MistralDecoderLayer"}, {"qwen2", "Qwen2DecoderLayer"},
+      {"gpt_neox", "GPTNeoXLayer"},   {"gptj", "GPTJBlock"},              {"gpt2", "GPT2Block"},
+      {"opt", "OPTDecoderLayer"}};
+  std::string layer;
+  for (const auto& [type, cls] : kLayer)
+    if (model.model_type == type) layer = cls;
+  if (layer.empty())
+    throw InputError(model.name + ": model_type \"" + model.model_type +
+                     "\" has no known transformers decoder-layer class for --fsdp-config");
+  const bool offload = c.offload_params == OffloadDevice::kCpu;
+  std::ostringstream y;
+  y << "compute_environment: LOCAL_MACHINE\n"
+    << "distributed_type: FSDP\n"
+    << "fsdp_config:\n"
+    << "  fsdp_version: 2\n"
+    << "  fsdp_reshard_after_forward: " << (c.zero_stage == 3 ? "true" : "false") << "\n"
+    << "  fsdp_offload_params: " << (offload ? "true" : "false") << "\n"
+    << "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+    << "  fsdp_transformer_layer_cls_to_wrap: " << layer << "\n"
+    << "  fsdp_activation_checkpointing: " << (c.activation_checkpointing ? "true" : "false") << "\n"
+    << "  fsdp_cpu_ram_efficient_loading: true\n"
+    << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+    << "machine_rank: 0\n"
+    << "main_training_function: main\n"
+    << "mixed_precision: " << (c.precision == Precision::kFp32 ? "no" : precision_name(c.precision)) << "\n"
     << "num_machines: " << c.nodes << "\n"
     << "num_processes: " << c.world_size() << "\n"
     << "rdzv_backend: static\n"

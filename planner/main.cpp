@@ -49,6 +49,7 @@ struct CommonOptions {
   bool json = false;
   std::string deepspeed_config;
   std::string accelerate_config;
+  std::string fsdp_config;
   double train_tokens = 0;
 };
 
@@ -74,6 +75,9 @@ void add_common(CLI::App* app, CommonOptions& o) {
   app->add_option("--deepspeed-config", o.deepspeed_config, "write a DeepSpeed JSON for the (top) plan to FILE");
   app->add_option("--accelerate-config", o.accelerate_config,
                   "write an Accelerate YAML for the (top) plan to FILE (needs --deepspeed-config)");
+  app->add_option("--fsdp-config", o.fsdp_config,
+                  "write an Accelerate YAML (FSDP2) for the (top) plan to FILE (needs --engine fsdp2); the script "
+                  "trains with accelerate's prepare(), batch sizes as the plan says");
   app->add_option("--data-dir", o.data_dir, "folder with models/ and hardware/ (default: the build's data/)");
 }
 
@@ -97,6 +101,7 @@ TrainConfig base_config(const CommonOptions& o) {
   check_range("--cpu-mem-gib", o.cpu_mem_gib, 0.01, 1e7, true);
   check_range("--cpu-cores", o.cpu_cores, 1, 1e6, true);
   check_range("--train-tokens", o.train_tokens, 1, 1e16, true);
+  if (!o.fsdp_config.empty()) check_output_path(o.fsdp_config);
   if (!o.accelerate_config.empty() && o.deepspeed_config.empty())
     throw InputError("--accelerate-config needs --deepspeed-config (the YAML points at the JSON)");
   TrainConfig c;
@@ -116,6 +121,12 @@ ResourceLimits limits_of(const CommonOptions& o) {
 std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec& model, const HardwareProfile& hw,
                                          const Prediction& plan) {
   std::vector<std::string> notes;
+  if (!o.fsdp_config.empty()) {
+    write_file_atomic(o.fsdp_config, accelerate_fsdp_yaml(model, plan.config));
+    notes.push_back("Accelerate FSDP2 config written to " + o.fsdp_config + " (micro-batch " +
+                    std::to_string(plan.config.micro_batch) + ", gradient accumulation " +
+                    std::to_string(plan.config.gas) + ": set them in the training script)");
+  }
   if (o.deepspeed_config.empty()) return notes;
   // DeepSpeed runs its (fp32) CPU Adam after the whole backward, not pipelined with it as the
   // Stepcast backend does: what the written config will run at.

@@ -240,3 +240,26 @@ TEST_CASE("Kendall's tau-b by hand, and the plans validate --sample chooses") {
   CHECK(plans_to_validate(5, 3, 10, 1).size() == 5);  // never more than the ranking holds
   CHECK(plans_to_validate(2, 3, 0, 1) == std::vector<size_t>{0, 1});
 }
+
+TEST_CASE("the Accelerate FSDP2 config of a plan") {
+  TrainConfig c;
+  c.engine = Engine::kFsdp2;
+  c.zero_stage = 3;
+  c.gpus_per_node = 2;
+  c.offload_optimizer = c.offload_params = OffloadDevice::kCpu;
+  c.offload_pipeline = false;
+  c.activation_checkpointing = true;
+  const std::string y = accelerate_fsdp_yaml(test::model("llama-2-7b"), c);
+  for (const char* line : {"distributed_type: FSDP\n", "  fsdp_version: 2\n", "  fsdp_reshard_after_forward: true\n",
+                           "  fsdp_offload_params: true\n", "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n",
+                           "  fsdp_activation_checkpointing: true\n", "mixed_precision: bf16\n", "num_processes: 2\n"})
+    CHECK_MESSAGE(y.find(line) != std::string::npos, line);
+  c.zero_stage = 2;
+  c.offload_optimizer = c.offload_params = OffloadDevice::kNone;
+  const std::string y2 = accelerate_fsdp_yaml(test::model("pythia-2.8b"), c);
+  CHECK(y2.find("  fsdp_reshard_after_forward: false\n") != std::string::npos);
+  CHECK(y2.find("  fsdp_transformer_layer_cls_to_wrap: GPTNeoXLayer\n") != std::string::npos);
+  c.engine = Engine::kDeepSpeed;
+  CHECK_THROWS_WITH_AS(accelerate_fsdp_yaml(test::model("llama-2-7b"), c), doctest::Contains("--engine fsdp2"),
+                       InputError);
+}
