@@ -224,7 +224,22 @@ while IFS='|' read -r name edit regex; do
 done <<'EOF'
 syntax|s/^name = .*/name = = "x"/|hw_syntax.toml
 noname|/^name = /d|name
+enginename|s/^\[engines.fsdp2\]/[engines.megatron]/|engines.megatron.*not a peer engine
+enginecoef|s/^\(\[engines.fsdp2\]\)/\1\ngemm_eff_max_frac = 0.5/|engines.fsdp2.gemm_eff_max_frac.*not an engine coefficient
+enginerange|/^\[engines.deepspeed\]/,/^\[/s/^act_bytes_mult = .*/act_bytes_mult = -3/|engines.deepspeed.act_bytes_mult
+intervalq|/^\[coefficients.interval\]/,/^\[/s/^log_q95_unseen = .*/log_q95_unseen = 0.001/|coefficients.interval.log_q95_unseen
+intervalkey|s/^\(\[coefficients.interval\]\)/\1\nlog_q99 = 1/|log_q99
 EOF
+# --- engines: flags and their constraints ---
+t 2 '--engine "megatron"' "$PLANNER" explain --model 7b --engine megatron
+t 2 "must be 2 or 3" "$PLANNER" explain --model 7b --gpus 2 --engine fsdp2 --stage 1
+t 2 "offload-pipeline must be off" "$PLANNER" explain --model 7b --gpus 2 --engine deepspeed --stage 2 --offload-optimizer cpu --offload-pipeline on
+t 2 "fp32 CPU Adam" "$PLANNER" explain --model 7b --gpus 2 --engine deepspeed --stage 2 --offload-optimizer cpu --optimizer adamw8bit
+t 2 "add --engine fsdp2" "$PLANNER" explain --model 7b --gpus 2 --stage 3 --fsdp-config "$TMP/out.file"
+t 2 '--engine "megatron"' "$CALIBRATE" fit --engine megatron --runs "$SRC/data/runs/h200-sxm/2026-12-01_peers_fsdp2.jsonl" --hardware h200-sxm --out "$TMP/out.file"
+t 2 "no runs of engine deepspeed" "$CALIBRATE" fit --engine deepspeed --runs "$SRC/data/runs/h200-sxm/2026-12-01_peers_fsdp2.jsonl" --hardware h200-sxm --out "$TMP/out.file"
+t 2 "not valid for a peer measurement" "$CALIBRATE" measure --engine tpu --list "$SRC/bench/runlists/peers_fsdp2.txt" --out "$TMP/m"
+t 2 "--sample" "$PLANNER" validate --model 7b --sample -1
 printf 'name = "x"\n' >"$TMP/hw_min.toml"
 t 2 "hw_min.toml" "$PLANNER" explain --model 7b --hardware "$TMP/hw_min.toml"
 printf '' >"$TMP/hw_empty.toml"
