@@ -75,6 +75,17 @@ LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
   return out;
 }
 
+namespace {
+
+// The keys every Accelerate config of a plan ends with: one machine of the plan's processes.
+std::string accelerate_machine_keys(const TrainConfig& c) {
+  return "machine_rank: 0\nmain_training_function: main\nnum_machines: " + std::to_string(c.nodes) +
+         "\nnum_processes: " + std::to_string(c.world_size()) +
+         "\nrdzv_backend: static\nsame_network: true\nuse_cpu: false\n";
+}
+
+}  // namespace
+
 std::string accelerate_yaml(const TrainConfig& c, const std::string& deepspeed_json_path) {
   std::ostringstream y;
   y << "compute_environment: LOCAL_MACHINE\n"
@@ -82,13 +93,7 @@ std::string accelerate_yaml(const TrainConfig& c, const std::string& deepspeed_j
     << "deepspeed_config:\n"
     << "  deepspeed_config_file: " << deepspeed_json_path << "\n"
     << "  zero3_init_flag: " << (c.zero_stage == 3 ? "true" : "false") << "\n"
-    << "machine_rank: 0\n"
-    << "main_training_function: main\n"
-    << "num_machines: " << c.nodes << "\n"
-    << "num_processes: " << c.world_size() << "\n"
-    << "rdzv_backend: static\n"
-    << "same_network: true\n"
-    << "use_cpu: false\n";
+    << accelerate_machine_keys(c);
   return y.str();
 }
 
@@ -120,14 +125,8 @@ std::string accelerate_fsdp_yaml(const ModelSpec& model, const TrainConfig& c) {
     << "  fsdp_activation_checkpointing: " << (c.activation_checkpointing ? "true" : "false") << "\n"
     << "  fsdp_cpu_ram_efficient_loading: true\n"
     << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
-    << "machine_rank: 0\n"
-    << "main_training_function: main\n"
     << "mixed_precision: " << (c.precision == Precision::kFp32 ? "no" : precision_name(c.precision)) << "\n"
-    << "num_machines: " << c.nodes << "\n"
-    << "num_processes: " << c.world_size() << "\n"
-    << "rdzv_backend: static\n"
-    << "same_network: true\n"
-    << "use_cpu: false\n";
+    << accelerate_machine_keys(c);
   return y.str();
 }
 
