@@ -294,9 +294,9 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   //   calibrate fit --runs 2026-11-30_calibration_v3_micro.jsonl 2026-11-29_backend_v1_b.jsonl
   //                        2026-11-29_backend_v1_c_gptj.jsonl 2026-11-30_validate_6b.jsonl
   //                        2026-11-30_calibration_v3.jsonl 2026-11-30_offload_overlap.jsonl
-  //                        --hardware h200-sxm
-  // (hold-out fraction 0.25, seed 1): the component fit on the micro-benchmarks,
-  // then the end-to-end fit. Refit both stages and compare.
+  //                        --hardware h200-sxm --holdout-frac 0
+  // (every configuration: cross-validation is the held-out measure): the component fit on the
+  // micro-benchmarks, then the end-to-end fit. Refit both stages and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
   const fs::path d = test::data_dir() / "runs/h200-sxm";
@@ -307,12 +307,34 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   const auto micro = load_micro(files);
   REQUIRE(micro.size() > 100);
   std::vector<Observation> obs;
-  for (const auto& r : runs)
-    if (!is_holdout(r.key, 0.25, 1)) obs.push_back(observation_of(r, committed));
+  for (const auto& r : runs) obs.push_back(observation_of(r, committed));
   const FitResult fit = calibrate_two_stage(obs, micro, committed).fit;
   for (const auto& info : coef_table()) {
     CAPTURE(info.name);
     CHECK(fit.coefs[info.id] == doctest::Approx(committed.coefs[info.id]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("the committed engine sections are the fits of the committed peer runs") {
+  // calibrate fit --engine deepspeed|fsdp2 --runs <the section's runs> --hardware h200-sxm --holdout-frac 0
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  for (const std::string engine : {"deepspeed", "fsdp2"}) {
+    CAPTURE(engine);
+    const HardwareProfile committed = for_engine(hw, engine);
+    REQUIRE(committed.coefs_calibrated);
+    std::vector<fs::path> files;
+    for (const std::string& r : committed.calibration_runs) files.push_back(test::data_dir() / r);
+    const auto runs = runs_of_engine(load_runs(files, test::data_dir()), engine);
+    REQUIRE(runs.size() >= 9);
+    std::vector<Observation> obs;
+    for (const auto& r : runs) obs.push_back(observation_of(r, committed));
+    const FitResult fit = calibrate_for_engine(obs, {}, committed).fit;
+    for (Coef c : engine_free_coefs()) {
+      CAPTURE(coef_table()[c].name);
+      CHECK(fit.coefs[c] == doctest::Approx(committed.coefs[c]).epsilon(1e-5));
+    }
+    // The hardware's coefficients are the [coefficients] values, untouched by the engine.
+    CHECK(committed.coefs[kGemmEffMaxFrac] == hw.coefs[kGemmEffMaxFrac]);
   }
 }
 
