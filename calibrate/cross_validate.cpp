@@ -41,11 +41,7 @@ nlohmann::json error_stats(const std::vector<double>& abs_frac) {
   return {{"mean", abs_frac.empty() ? 0.0 : 100 * sum / n}, {"p90", 100 * percentile(abs_frac, 0.9)}, {"max", 100 * mx}};
 }
 
-std::string offload_of(const RunRecord& r) {
-  std::string s = offload_name(r.config.offload_optimizer);
-  if (r.config.offload_params == OffloadDevice::kCpu) s += "+params";
-  return s;
-}
+std::string offload_of(const RunRecord& r) { return offload_label(r.config); }
 
 }  // namespace
 

@@ -69,15 +69,23 @@ IntervalModel parse_interval(const TomlReader& t) {
   return m;
 }
 
+std::string toml_string_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += (i ? ", \"" : "\"");
+    for (char ch : items[i]) {
+      if (ch == '"' || ch == '\\') out += '\\';
+      out += ch;
+    }
+    out += '"';
+  }
+  return out + "]";
+}
+
 std::string interval_text(const std::string& header, const IntervalModel& m) {
   if (m.empty()) return "";
   std::ostringstream o;
   o.precision(9);
-  const auto strings = [](const std::vector<std::string>& v) {
-    std::string out = "[";
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", \"" : "\"") + v[i] + "\"";
-    return out + "]";
-  };
   const auto ints = [](const std::vector<int64_t>& v) {
     std::string out = "[";
     for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
@@ -86,8 +94,8 @@ std::string interval_text(const std::string& header, const IntervalModel& m) {
   o << "\n[" << header << "]\n"
     << "log_q95_seen = " << m.log_q95_seen << "\nlog_q95_unseen = " << m.log_q95_unseen
     << "\nseen_predictions = " << m.seen_predictions << "\nunseen_predictions = " << m.unseen_predictions
-    << "\nmodels = " << strings(m.models) << "\noffloads = " << strings(m.offloads)
-    << "\nprecisions = " << strings(m.precisions) << "\nattentions = " << strings(m.attentions)
+    << "\nmodels = " << toml_string_array(m.models) << "\noffloads = " << toml_string_array(m.offloads)
+    << "\nprecisions = " << toml_string_array(m.precisions) << "\nattentions = " << toml_string_array(m.attentions)
     << "\nzero_stages = " << ints(m.zero_stages) << "\nworld_sizes = " << ints(m.world_sizes)
     << "\nseq_min = " << m.seq_min << "\nseq_max = " << m.seq_max << "\nmicro_tokens_max = " << m.micro_tokens_max
     << "\n";
@@ -291,22 +299,6 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
   return out;
 }
 
-namespace {
-
-std::string toml_string_array(const std::vector<std::string>& items) {
-  std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) {
-    out += (i ? ", \"" : "\"");
-    for (char ch : items[i]) {
-      if (ch == '"' || ch == '\\') out += '\\';
-      out += ch;
-    }
-    out += '"';
-  }
-  return out + "]";
-}
-
-}  // namespace
 
 std::string with_engine_section(const std::string& profile_text, const std::string& engine,
                                 const CalibratedCoefficients& c) {
@@ -373,18 +365,7 @@ std::string with_calibrated_coefficients(const std::string& profile_text, const 
   sec << "model_error_frac = " << c.model_error_frac << "\n";
   sec << "max_micro_tokens = " << c.max_micro_tokens << "\n";
   sec << "source = \"" << c.source << "\"\n";
-  if (!c.runs.empty()) {
-    sec << "runs = [";
-    for (size_t i = 0; i < c.runs.size(); ++i) {
-      std::string escaped;
-      for (char ch : c.runs[i]) {
-        if (ch == '"' || ch == '\\') escaped += '\\';
-        escaped += ch;
-      }
-      sec << (i ? ", " : "") << "\"" << escaped << "\"";
-    }
-    sec << "]\n";
-  }
+  if (!c.runs.empty()) sec << "runs = " << toml_string_array(c.runs) << "\n";
   for (const auto& info : coef_table()) sec << info.name << " = " << c.values[info.id] << "\n";
   sec << interval_text("coefficients.interval", c.interval);
   sec << "\n[coefficients.std_errors]\n";

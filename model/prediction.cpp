@@ -75,8 +75,7 @@ int unseen_dimensions(const IntervalModel& m, const std::string& model, const Tr
   const auto has = [](const auto& values, const auto& v) {
     return std::find(values.begin(), values.end(), v) != values.end();
   };
-  std::string offload = offload_name(c.offload_optimizer);
-  if (c.offload_params == OffloadDevice::kCpu) offload += "+params";
+  const std::string offload = offload_label(c);
   int k = 0;
   k += !has(m.models, model);
   k += !has(m.zero_stages, static_cast<int64_t>(c.zero_stage));

@@ -148,6 +148,12 @@ void parse_offload_pipeline(const std::string& text, const std::string& what, Tr
   c.offload_overlap_forward = text == "full";
 }
 
+std::string offload_label(const TrainConfig& c) {
+  std::string s = offload_name(c.offload_optimizer);
+  if (c.offload_params == OffloadDevice::kCpu) s += "+params";
+  return s;
+}
+
 std::string family_name(const TrainConfig& c) {
   std::string out = "stage " + std::to_string(c.zero_stage);
   if (c.offload_optimizer == OffloadDevice::kCpu)

@@ -96,6 +96,9 @@ ConfigFieldNames json_config_names(const std::string& where);
 // parameters together with the optimizer (CPUOffloadPolicy).
 void validate_config(const TrainConfig& config, const ConfigFieldNames& names = {});
 
+// "none", "cpu", or "cpu+params" with parameter offload: the offload regime as reports group it.
+std::string offload_label(const TrainConfig& config);
+
 // "stage 3 + CPU optimizer offload + 8-bit AdamW": the family a config
 // belongs to, without micro-batch, GAS and checkpointing.
 std::string family_name(const TrainConfig& config);

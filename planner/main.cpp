@@ -205,14 +205,12 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   req.base.engine = eng;
   const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
-  req.deepspeed_engine = eng != Engine::kStepcast;  // the peers' CPU optimizer runs after the backward
   req.overlap_forward = overlap_forward;
   // The same job on the Stepcast backend, for a peer engine's user: its best plan and the ratio.
   std::optional<Prediction> ours;
   if (eng != Engine::kStepcast) {
     SearchRequest sreq = req;
     sreq.base.engine = Engine::kStepcast;
-    sreq.deepspeed_engine = false;
     const SearchResult sres = search_plans(sreq);
     if (!sres.ranked.empty()) ours = sres.ranked.front();
   }
@@ -247,7 +245,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     j["request"] = {{"global_batch", global_batch},
                     {"seq_len", base.seq_len},
                     {"engine", engine},
-                    {"offload_pipeline", req.deepspeed_engine ? "off" : pipeline},
+                    {"offload_pipeline", req.peer_engine() ? "off" : pipeline},
                     {"precision", precision_name(base.precision)}, {"top", top_k}};
     j["evaluated"] = res.evaluated;
     j["fitting"] = res.ranked.size();

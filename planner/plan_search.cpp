@@ -121,7 +121,6 @@ SearchResult search_plans(const SearchRequest& req) {
           continue;
         }
         for (OptimizerKind opt : req.optimizers) {
-          if (req.deepspeed_engine && off_opt == OffloadDevice::kCpu && opt == OptimizerKind::kAdamW8bit) continue;
           for (bool ckpt : req.checkpointing) {
             for (int64_t micro : req.micro_batches) {
               std::vector<int64_t> gas_list;
@@ -139,7 +138,7 @@ SearchResult search_plans(const SearchRequest& req) {
                 c.offload_params = off_par;
                 c.optimizer = opt;
                 c.activation_checkpointing = ckpt;
-                c.offload_pipeline = !req.deepspeed_engine;
+                c.offload_pipeline = !req.peer_engine();
                 c.offload_overlap_forward =
                     c.offload_pipeline && off_opt == OffloadDevice::kCpu && req.overlap_forward;
                 c.micro_batch = micro;
@@ -160,7 +159,7 @@ SearchResult search_plans(const SearchRequest& req) {
       }
     }
   }
-  if (req.deepspeed_engine && req.allow_offload)
+  if (req.peer_engine() && req.allow_offload)
     result.notes.push_back(std::string("ranked for ") + engine_name(req.base.engine) +
                            ": its CPU optimizer runs after the backward (serial offload) with fp32 states; 8-bit "
                            "offloaded states and the pipelined offload are Stepcast backend features");

@@ -22,9 +22,9 @@ struct SearchRequest {
   std::vector<int64_t> gas_values = {1, 2, 4, 8, 16, 32};  // when global_batch == 0
   std::vector<int> stages = {0, 1, 2, 3};
   bool allow_offload = true;
-  // Rank for DeepSpeed instead of the Stepcast backend: its CPU Adam runs after the
-  // backward (serial offload) and keeps fp32 states (no 8-bit offloaded states).
-  bool deepspeed_engine = false;
+  // A peer engine (base.engine DeepSpeed or FSDP2): its CPU optimizer runs after the backward
+  // (serial offload); what else it cannot run validate_config refuses.
+  bool peer_engine() const { return base.engine != Engine::kStepcast; }
   // Stepcast backend: offload plans let the last CPU updates overlap the next forward
   // (--offload-pipeline full) instead of ending the step.
   bool overlap_forward = false;
