@@ -2,6 +2,7 @@
 //
 //   calibrate fit    --runs data/runs/h200-sxm/*.jsonl --hardware h200-sxm [--out FILE] [--holdout-frac 0.25]
 //   calibrate report --runs ... --hardware h200-sxm [--json] [--svg FILE]
+//   calibrate report --published [FILE...] [--json]   (data/published: others' measurements)
 //   calibrate measure --list bench/runlists/calibration.txt --out DIR   (on a GPU host:
 //                     micro-benchmarks, then the designed step runs)
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 #include "calibrate/fit_command.h"
 #endif
 #include "calibrate/measure.h"
+#include "calibrate/published.h"
 #include "calibrate/report.h"
 #ifdef STEPCAST_HAVE_CERES
 #include "calibrate/cross_validate.h"
@@ -50,6 +52,13 @@ int main_impl(int argc, char** argv) {
   }
   app.get_subcommand("fit")->add_option("--out", out, "calibrated profile to write (default: the profile itself)");
   app.get_subcommand("report")->add_option("--svg", svg, "write a predicted-vs-measured plot");
+  std::vector<std::string> published;
+  CLI::Option* published_opt =
+      app.get_subcommand("report")
+          ->add_option("--published", published,
+                       "predict published throughputs instead of runs: the given data/published/*.toml files, or "
+                       "all of them")
+          ->expected(0, -1);
   std::string list, out_dir = "calibration", train, device = "auto";
   int64_t steps = 4;
   double budget = 0;
@@ -91,6 +100,10 @@ int main_impl(int argc, char** argv) {
     return run_peer_measure(peer);
   }
   if (app.got_subcommand("measure")) return run_measure(list, out_dir, train, steps, budget, device, dir, !no_micro, micro_flags);
+  if (app.got_subcommand("report") && published_opt->count() > 0) {
+    if (!runs.empty()) throw InputError("--published and --runs exclude each other (published rows are not runs)");
+    return run_published_report(published, dir, json);
+  }
   if (app.got_subcommand("fit") && runs.empty()) throw InputError("calibrate fit needs --runs FILE...");
 #ifdef STEPCAST_HAVE_CERES
   if (app.got_subcommand("fit")) return run_fit(runs, hardware, out, holdout, seed, dir, json, fit_engine);

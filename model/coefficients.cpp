@@ -117,6 +117,11 @@ CoefVector default_coefs() {
   return out;
 }
 
+bool is_memory_coef(Coef c) {
+  return c == kGpuWorkspaceBytes || c == kGpuFragFrac || c == kActBytesMult || c == kLossExtraBytesPerLogit ||
+         c == kHostBytesPerRank;
+}
+
 const std::vector<Coef>& engine_coefs() {
   static const std::vector<Coef> kEngine = {
       kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kGradCommOverlapFrac,

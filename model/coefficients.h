@@ -72,6 +72,9 @@ const std::array<CoefInfo, kNumCoefs>& coef_table();
 // host copies' efficiency, and its memory habits (activations, loss, allocator, workspace).
 // A profile's [engines.NAME] section sets these for DeepSpeed or FSDP2; the rest (GEMM and
 // attention kernels, NCCL, PCIe, DRAM) are the hardware's and are shared by every engine.
+// The memory coefficients among engine_coefs: workspace, fragmentation, activation and loss
+// multipliers and host bytes per rank.
+bool is_memory_coef(Coef c);
 const std::vector<Coef>& engine_coefs();
 bool is_engine_coef(Coef c);
 

@@ -189,6 +189,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         hw.calibration_runs = c->get_string_array_or(name);
         continue;
       }
+      if (name == "engines_from") {
+        hw.engines_from = c->get_string(name);
+        continue;
+      }
       auto id = coef_by_name(name);
       if (!id) {
         std::string valid;
@@ -345,6 +349,19 @@ std::vector<std::string> list_hardware(const fs::path& data_dir) {
   return out;
 }
 
+void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref) {
+  for (const auto& [engine, sec] : ref.engines) {
+    if (hw.engines.count(engine)) continue;
+    EngineSection t;
+    t.calibrated = false;
+    t.source = "transferred from " + ref.name + "'s [engines." + engine +
+               "] (its time coefficients; memory habits are this profile's)";
+    for (const auto& [c, v] : sec.values)
+      if (!is_memory_coef(c)) t.values[c] = v;
+    hw.engines[engine] = t;
+  }
+}
+
 HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_dir) {
   std::error_code ec;
   if (name.ends_with(".toml") || name.find('/') != std::string::npos) {
@@ -352,7 +369,17 @@ HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_d
     return load_hardware_profile(name);
   }
   const fs::path file = data_dir / "hardware" / (name + ".toml");
-  if (fs::exists(file, ec)) return load_hardware_profile(file);
+  if (fs::exists(file, ec)) {
+    HardwareProfile hw = load_hardware_profile(file);
+    if (!hw.engines_from.empty()) {
+      const fs::path ref_file = data_dir / "hardware" / (hw.engines_from + ".toml");
+      if (hw.engines_from == name || !fs::exists(ref_file, ec))
+        throw InputError(file.string() + ": key 'coefficients.engines_from' = \"" + hw.engines_from +
+                         "\" names no other profile in " + (data_dir / "hardware").string());
+      transfer_engine_sections(hw, load_hardware_profile(ref_file));
+    }
+    return hw;
+  }
   std::string known;
   for (const auto& n : list_hardware(data_dir)) known += (known.empty() ? "" : ", ") + n;
   throw InputError("unknown hardware '" + name + "' (known: " + known + ")");

@@ -96,6 +96,9 @@ struct HardwareProfile {
   IntervalModel interval;                             // [coefficients.interval]
   std::map<std::string, EngineSection> engines;       // [engines.deepspeed], [engines.fsdp2]
   std::string engine = "stepcast";                    // the engine `coefs` are for (for_engine)
+  // [coefficients] engines_from: a calibrated profile whose engine sections this one takes for
+  // the engines it has no section of (transfer_engine_sections); empty: none.
+  std::string engines_from;
   CoefVector hardware_coefs{};                        // for_engine: the [coefficients] values under the section
 };
 
@@ -138,7 +141,15 @@ HardwareProfile load_hardware_profile(const std::filesystem::path& path);
 // Names of the profiles in data_dir/hardware, sorted.
 std::vector<std::string> list_hardware(const std::filesystem::path& data_dir);
 
+// For each engine section of `ref` that `hw` lacks: the section's time coefficients (how the
+// engine's implementation schedules, overlaps and runs its CPU optimizer: behaviour of its
+// code, not of the GPU), marked not calibrated. Memory habits (is_memory_coef) stay `hw`'s:
+// they belong to the model implementation a source ran, which another team's runs do not share.
+void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref);
+
 // A profile name from the catalog or a path to a .toml file; unknown names list the known ones.
+// A catalog profile with [coefficients] engines_from takes that profile's engine sections
+// (transfer_engine_sections).
 HardwareProfile resolve_hardware(const std::string& name_or_path,
                                  const std::filesystem::path& data_dir);
 

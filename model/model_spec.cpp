@@ -60,7 +60,7 @@ int64_t ModelSpec::total_params() const {
          lm_head_params();
 }
 
-static const char* kKnownModelTypes[] = {"llama", "mistral", "qwen2", "gpt_neox", "gptj", "gpt2",
+static const char* kKnownModelTypes[] = {"llama", "mistral", "qwen2", "gpt_neox", "gptj", "gpt2", "mpt",
                                          "opt"};
 
 static std::string known_model_types() {

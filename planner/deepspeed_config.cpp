@@ -105,7 +105,7 @@ std::string accelerate_fsdp_yaml(const ModelSpec& model, const TrainConfig& c) {
   static const std::pair<const char*, const char*> kLayer[] = {
       {"llama", "LlamaDecoderLayer"}, {"mistral", "MistralDecoderLayer"}, {"qwen2", "Qwen2DecoderLayer"},
       {"gpt_neox", "GPTNeoXLayer"},   {"gptj", "GPTJBlock"},              {"gpt2", "GPT2Block"},
-      {"opt", "OPTDecoderLayer"}};
+      {"opt", "OPTDecoderLayer"}, {"mpt", "MPTBlock"}};
   std::string layer;
   for (const auto& [type, cls] : kLayer)
     if (model.model_type == type) layer = cls;

@@ -342,6 +342,16 @@ t 2 "seconds" "$CALIBRATE" fit --runs "$TMP/micro_bad.jsonl" "$RUNS" --hardware 
 head -3 "$RUNS" >"$TMP/runs_one.jsonl"
 t 2 "cannot determine" "$CALIBRATE" fit --runs "$TMP/runs_one.jsonl" --hardware h200-sxm --out "$TMP/out.file"
 
+# --- published throughputs (calibrate report --published) ---
+printf '[source]\nid = "x"\ntitle = "t"\nurl = "u"\nretrieved = "2026-12-01"\nengine = "fsdp2"\n[[rows]]\nwhere = "w"\nmodel = "llama-2-13b"\nhardware = "a100-80gb-sxm"\ngpus = 12\nseq = 2048\nmicro_batch = 1\ngas = 1\ntokens_per_s_per_gpu = 1\n' >"$TMP/pub_gpus.toml"
+t 2 "pub_gpus.toml: rows\[0\].gpus = 12" "$CALIBRATE" report --published "$TMP/pub_gpus.toml"
+sed 's/engine = "fsdp2"/engine = "megatron"/' "$TMP/pub_gpus.toml" >"$TMP/pub_engine.toml"
+t 2 "pub_engine.toml: source.engine.*megatron" "$CALIBRATE" report --published "$TMP/pub_engine.toml"
+sed 's/model = "llama-2-13b"/model = "gpt-9"/' "$TMP/pub_gpus.toml" >"$TMP/pub_model.toml"
+t 2 "pub_model.toml: rows\[0\].model.*gpt-9" "$CALIBRATE" report --published "$TMP/pub_model.toml"
+t 2 "--published and --runs" "$CALIBRATE" report --published --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl"
+t 2 "nothing.toml" "$CALIBRATE" report --published "$TMP/nothing.toml"
+
 # --- run lists for calibrate measure ---
 while IFS='|' read -r name text regex; do
   [[ -z "$name" ]] && continue

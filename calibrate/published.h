@@ -1,0 +1,55 @@
+// Published training throughputs (data/published/*.toml): what other teams measured on GPUs and
+// scales this project cannot calibrate, each row with its source, and `calibrate report
+// --published`, which predicts every row and prints the error per row and per source.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/hardware.h"
+#include "model/model_spec.h"
+#include "model/step_features.h"
+#include "model/train_config.h"
+
+namespace stepcast::calibrate {
+
+// One published measurement: a configuration as the source describes it and what it reached.
+struct PublishedRow {
+  std::string where;  // the table and row of the source
+  std::string model_name, hardware_name;
+  ModelSpec model;
+  TrainConfig config;
+  double tokens_per_s_per_gpu = 0;
+  // The founding report's phases (0: not published): step, GAS and OPT time in seconds.
+  double step_s = 0, gas_time_s = 0, opt_time_s = 0;
+  double peak_memory_bytes = 0;  // 0: not published
+  // The host the source ran on where it differs from the profile's (cores of the node or pod,
+  // shared by its GPUs): the limits the prediction takes (0: the profile's).
+  ResourceLimits limits;
+};
+
+struct PublishedSource {
+  std::string id, title, url, retrieved, engine, notes, file;
+  std::vector<PublishedRow> rows;
+};
+
+// Reads one file; every bad key or value throws InputError naming the file and key. Models
+// and hardware are resolved in data_dir (the row's GPU count becomes nodes x GPUs per node
+// of the profile's node size).
+PublishedSource load_published(const std::filesystem::path& file, const std::filesystem::path& data_dir);
+
+// The files of data_dir/published, sorted.
+std::vector<std::filesystem::path> published_files(const std::filesystem::path& data_dir);
+
+// How the coefficients a prediction for `engine` on `hw` uses were obtained: "calibrated",
+// "hardware calibrated, engine not", "engine from REF, hardware uncalibrated" (engines_from)
+// or "uncalibrated".
+std::string coefficient_status(const HardwareProfile& hw, const std::string& engine);
+
+// `calibrate report --published`: predicts every row with the catalog's profiles (the row's
+// engine coefficients where the profile has a section, else the hardware's) and prints the
+// table, the error per source and overall (or JSON). Returns the exit status.
+int run_published_report(const std::vector<std::string>& files, const std::string& data_dir_flag, bool json);
+
+}  // namespace stepcast::calibrate
