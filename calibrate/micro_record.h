@@ -49,7 +49,7 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
   const double n = r.world;
   switch (r.bench) {
     case MicroBench::kGemm:
-      return gemm_time_s(GemmShape{r.m, r.n, r.k, 1.0}, bf16_peak, coef);
+      return gemm_time_s(GemmShape{r.m, r.n, r.k, 1.0}, bf16_peak * hw.gpu.matmul_eff_rel_h200, coef);
     case MicroBench::kAttention:
     case MicroBench::kAttentionBwd: {
       const double fwd_flops =

@@ -150,6 +150,22 @@ std::vector<fs::path> published_files(const fs::path& data_dir) {
   return out;
 }
 
+double published_log_q95(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
+  std::map<std::string, HardwareProfile> profiles;
+  std::vector<double> r;
+  for (const auto& s : sources)
+    for (const auto& row : s.rows) {
+      auto it = profiles.find(row.hardware_name);
+      if (it == profiles.end()) it = profiles.emplace(row.hardware_name, resolve_hardware(row.hardware_name, data_dir)).first;
+      const Prediction p = evaluate(row.model, it->second, row.config, row.limits);
+      r.push_back(std::abs(std::log(row.tokens_per_s_per_gpu * row.config.world_size() / p.throughput.tokens_per_s)));
+    }
+  if (r.empty()) return 0;
+  std::sort(r.begin(), r.end());
+  const size_t k = std::min(r.size(), static_cast<size_t>(std::ceil(0.95 * static_cast<double>(r.size() + 1))));
+  return r[k - 1];
+}
+
 int run_published_report(const std::vector<std::string>& files, const std::string& data_dir_flag, bool json) {
   const fs::path data_dir = resolve_data_dir(data_dir_flag);
   std::vector<fs::path> paths;
@@ -167,6 +183,15 @@ int run_published_report(const std::vector<std::string>& files, const std::strin
       const HardwareProfile& hw = it->second;
       Prediction p = evaluate(r.model, hw, r.config, r.limits);
       out.push_back({&s, &r, p, coefficient_status(hw, s.engine), p.throughput.tokens_per_s / r.config.world_size()});
+    }
+  const double q95 = published_log_q95(sources, data_dir);
+  int covered = 0, with_interval = 0;
+  for (const auto& x : out)
+    if (x.p.step_std_s > 0) {
+      ++with_interval;
+      // The step-time interval, in tokens/s: inside when the published rate is within it.
+      const double half = 1.96 * x.p.step_std_s / x.p.time.step_s;
+      covered += std::abs(std::log(x.row->tokens_per_s_per_gpu / x.tokens_per_s_per_gpu)) <= std::log1p(half) + 1e-12;
     }
   Summary all;
   std::map<std::string, Summary> by_source, by_hardware;
@@ -211,6 +236,8 @@ int run_published_report(const std::vector<std::string>& files, const std::strin
     for (const auto& [h, s] : by_hardware) j["by_hardware"][h] = s.to_json();
     j["overall"] = all.to_json();
     j["fitted_on_published"] = false;
+    j["interval_log_q95"] = q95;
+    j["inside_95_interval"] = {{"rows", with_interval}, {"inside", covered}};
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -249,6 +276,9 @@ int run_published_report(const std::vector<std::string>& files, const std::strin
     std::printf("%-16s %-14s %5d %9.1f%% %9.1f%% %d\n", h.c_str(), "", m.rows, 100 * m.mean(), 100 * m.max, m.not_fitting);
   std::printf("%-16s %-14s %5d %9.1f%% %9.1f%% %d\n", "all", "", all.rows, 100 * all.mean(), 100 * all.max, all.not_fitting);
   std::printf("No coefficient is fitted on these rows: every row is out of sample (leaving a source out changes nothing).\n");
+  std::printf("95 %% conformal quantile of |log(published / predicted)|: %.4f (±%.1f %%); the profiles' interval "
+              "(transferred_log_q95) holds %d of %d rows\n",
+              q95, 100 * std::expm1(q95), covered, with_interval);
   for (const auto& s : sources) std::printf("  %s: %s, %s (retrieved %s)\n", s.id.c_str(), s.title.c_str(), s.url.c_str(), s.retrieved.c_str());
   return 0;
 }

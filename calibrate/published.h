@@ -47,6 +47,11 @@ std::vector<std::filesystem::path> published_files(const std::filesystem::path& 
 // or "uncalibrated".
 std::string coefficient_status(const HardwareProfile& hw, const std::string& engine);
 
+// The 95 % split-conformal quantile of |log(published / predicted tokens/s)| over the rows
+// (the ceil(0.95 (n + 1))-th smallest, the largest when n < 19): the interval of predictions
+// on GPUs that were not calibrated ([coefficients] transferred_log_q95).
+double published_log_q95(const std::vector<PublishedSource>& sources, const std::filesystem::path& data_dir);
+
 // `calibrate report --published`: predicts every row with the catalog's profiles (the row's
 // engine coefficients where the profile has a section, else the hardware's) and prints the
 // table, the error per source and overall (or JSON). Returns the exit status.

@@ -124,7 +124,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   TomlReader g = r.subtable("gpu");
   g.reject_unknown_keys({"name", "memory_bytes", "memory_bytes_per_s", "peak_bf16_flops_per_s",
                          "peak_fp16_flops_per_s", "peak_tf32_flops_per_s",
-                         "peak_fp32_flops_per_s"});
+                         "peak_fp32_flops_per_s", "matmul_eff_rel_h200"});
   hw.gpu.name = g.get_string("name");
   hw.gpu.memory_bytes = sourced(g, "memory_bytes", 1e8, 1e13);
   hw.gpu.memory_bytes_per_s = sourced(g, "memory_bytes_per_s", 1e9, 1e14);
@@ -132,6 +132,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.gpu.peak_fp16_flops_per_s = sourced(g, "peak_fp16_flops_per_s", 1e11, 1e17);
   hw.gpu.peak_tf32_flops_per_s = sourced(g, "peak_tf32_flops_per_s", 1e11, 1e17);
   hw.gpu.peak_fp32_flops_per_s = sourced(g, "peak_fp32_flops_per_s", 1e11, 1e17);
+  if (g.has("matmul_eff_rel_h200")) hw.gpu.matmul_eff_rel_h200 = sourced(g, "matmul_eff_rel_h200", 0.2, 5.0);
 
   TomlReader h = r.subtable("host");
   h.reject_unknown_keys({"pcie_gen", "h2d_bytes_per_s", "d2h_bytes_per_s", "cpu_cores_per_gpu",
@@ -191,6 +192,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       }
       if (name == "engines_from") {
         hw.engines_from = c->get_string(name);
+        continue;
+      }
+      if (name == "transferred_log_q95") {
+        hw.transferred_log_q95 = c->get_double(name, 0.0, 5.0);
         continue;
       }
       auto id = coef_by_name(name);

@@ -23,6 +23,10 @@ struct GpuSpec {
   double peak_fp16_flops_per_s = 0;
   double peak_tf32_flops_per_s = 0;
   double peak_fp32_flops_per_s = 0;   // plain fp32 (no tensor cores)
+  // The largest bf16 matmul efficiency this GPU reaches (achieved over dense peak, searched over
+  // shapes) relative to the H200's, on which the GEMM coefficients are fitted: 1 on the H200 and
+  // where nobody published the figure. The GEMM time divides by it (step_features.cpp).
+  double matmul_eff_rel_h200 = 1.0;
   double peak_flops_per_s(Precision p) const;
 };
 
@@ -99,6 +103,10 @@ struct HardwareProfile {
   // [coefficients] engines_from: a calibrated profile whose engine sections this one takes for
   // the engines it has no section of (transfer_engine_sections); empty: none.
   std::string engines_from;
+  // [coefficients] transferred_log_q95 of a profile that was not calibrated: the 95 % conformal
+  // quantile of |log(published / predicted)| over the published throughputs of GPUs that were
+  // not calibrated (`calibrate report --published`); the predictions' interval. 0: none.
+  double transferred_log_q95 = 0;
   CoefVector hardware_coefs{};                        // for_engine: the [coefficients] values under the section
 };
 

@@ -94,6 +94,11 @@ double interval_log_halfwidth(const IntervalModel& m, int unseen_dims) {
 }
 
 void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model) {
+  if (!hw.coefs_calibrated && hw.transferred_log_q95 > 0) {
+    // A GPU never calibrated: as wide as the model's errors on others' published runs.
+    p.step_std_s = p.time.step_s * std::expm1(hw.transferred_log_q95) / 1.96;
+    return;
+  }
   if (!hw.interval.empty() && hw.coefs_calibrated) {
     p.unseen_dims = unseen_dimensions(hw.interval, model, p.config);
     // The interval is symmetric in log(step time); its larger side, as a standard deviation.

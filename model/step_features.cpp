@@ -154,6 +154,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.recompute = c.activation_checkpointing ? 1.0 : 0.0;
   f.gas = static_cast<double>(c.gas);
   f.peak_flops_per_s = hw.gpu.peak_flops_per_s(c.precision);
+  // The GEMM efficiencies are fitted on the H200; another GPU's GEMMs reach its own share of
+  // its peak (hardware.h matmul_eff_rel_h200).
+  f.gemm_peak_flops_per_s = f.peak_flops_per_s * hw.gpu.matmul_eff_rel_h200;
   f.hbm_bytes_per_s = hw.gpu.memory_bytes_per_s;
 
   // --- collectives -------------------------------------------------------------

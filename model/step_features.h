@@ -34,6 +34,7 @@ struct StepFeatures {
   double recompute = 0;            // 1 with full activation checkpointing
   double gas = 1;
   double peak_flops_per_s = 0;     // dense peak at the run's precision
+  double gemm_peak_flops_per_s = 0;  // the peak GEMMs run against: dense peak x matmul_eff_rel_h200
   double hbm_bytes_per_s = 0;
   // --- collectives ---------------------------------------------------------
   double grad_comm_bytes_micro = 0, grad_comm_calls_micro = 0;        // each micro-batch

@@ -175,7 +175,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
 
   // --- compute of one micro-batch ------------------------------------------
   T gemm_fwd_s(0.0);
-  for (const GemmShape& g : f.gemms) gemm_fwd_s += gemm_time_s(g, f.peak_flops_per_s, coef);
+  for (const GemmShape& g : f.gemms) gemm_fwd_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef);
   const T attn_fwd_s =
       attention_fwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_uses_gemm_eff > 0.0, f.peak_flops_per_s, coef);
   const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;

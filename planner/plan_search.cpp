@@ -185,7 +185,7 @@ SearchResult search_plans(const SearchRequest& req) {
   std::sort(result.ranked.begin(), result.ranked.end(), better);
   // Intervals (2 x coefficients more evaluations each) for the plans anyone will read.
   auto add_interval = [&](Prediction& p) {
-    if (req.hardware.coef_covariance.empty() && !req.hardware.coefs_calibrated) return;
+    if (req.hardware.coef_covariance.empty() && !req.hardware.coefs_calibrated && req.hardware.transferred_log_q95 <= 0) return;
     const Features f = make_features(req.model, req.hardware, p.config, req.limits);
     set_interval(p, f.step, req.hardware, req.model.name);
   };

@@ -214,7 +214,12 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
       << " x " << ctx.hardware->name << " (" << ctx.hardware->gpu.name << ", "
       << format_gib(any.gpu_memory_limit_bytes) << " GiB), seq " << c.seq_len << ", "
       << precision_name(c.precision) << "\n";
-  if (!ctx.hardware->coefs_calibrated) {
+  if (!ctx.hardware->coefs_calibrated && ctx.hardware->transferred_log_q95 > 0) {
+    out << "note: profile '" << ctx.hardware->name << "' is not calibrated: datasheet figures"
+        << (ctx.hardware->engines_from.empty() ? "" : ", engine behaviour from " + ctx.hardware->engines_from)
+        << "; ±95% = " << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95))
+        << " %, the model's error on published throughputs of uncalibrated GPUs (calibrate report --published)\n";
+  } else if (!ctx.hardware->coefs_calibrated) {
     out << "note: profile '" << ctx.hardware->name
         << "' is not calibrated: efficiencies are first estimates (run `calibrate` on this hardware)\n";
   } else {

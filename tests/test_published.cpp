@@ -1,6 +1,8 @@
 // Published throughputs (data/published) and the engine sections a profile takes from another.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -117,4 +119,49 @@ TEST_CASE("a profile with engines_from takes the other profile's engine time coe
     CHECK(coefficient_status(a40, engine) == "engine from h200-sxm, hardware uncalibrated");
   }
   CHECK(coefficient_status(h200, "deepspeed") == "calibrated");
+}
+
+TEST_CASE("GEMMs of another GPU run at its achievable matmul efficiency relative to the H200's") {
+  // a100-80gb-sxm: 86.9 % of 312 TFLOP/s against the H200's 79.9 % of 989 (the profiles'
+  // sources): its GEMMs run against 312e12 x 0.869 / 0.799.
+  HardwareProfile a100 = test::hardware("a100-80gb-sxm");
+  CHECK(a100.gpu.matmul_eff_rel_h200 == doctest::Approx(0.869 / 0.799).epsilon(1e-3));
+  CHECK(test::hardware("h200-sxm").gpu.matmul_eff_rel_h200 == 1.0);
+  const ModelSpec m = test::model("llama-2-7b");
+  TrainConfig c;
+  c.zero_stage = 0;
+  c.micro_batch = 2;
+  const Features f = make_features(m, a100, c);
+  CHECK(f.step.gemm_peak_flops_per_s == doctest::Approx(312e12 * a100.gpu.matmul_eff_rel_h200));
+  // The same GPU at the H200's efficiency: only the GEMM part of the forward changes, by the factor.
+  HardwareProfile plain = a100;
+  plain.gpu.matmul_eff_rel_h200 = 1.0;
+  const Prediction fast = evaluate(m, a100, c), slow = evaluate(m, plain, c);
+  CHECK(fast.time.forward_s < slow.time.forward_s);
+  CHECK(fast.time.forward_s > slow.time.forward_s / a100.gpu.matmul_eff_rel_h200);
+}
+
+TEST_CASE("an uncalibrated profile's interval is the conformal quantile of the published rows' errors") {
+  std::vector<PublishedSource> sources;
+  for (const auto& f : published_files(data_dir())) sources.push_back(load_published(f, data_dir()));
+  const double q = published_log_q95(sources, data_dir());
+  // 28 rows: ceil(0.95 x 29) = 28, the largest error; the profiles hold it rounded up.
+  REQUIRE(q > 0);
+  for (const std::string name : {"a40", "h100-sxm", "a100-80gb-sxm", "a100-40gb-sxm", "l40s", "rtx-a6000"}) {
+    CAPTURE(name);
+    const HardwareProfile hw = test::hardware(name);
+    CHECK_FALSE(hw.coefs_calibrated);
+    CHECK(hw.transferred_log_q95 == doctest::Approx(q).epsilon(1e-8));
+    CHECK(hw.transferred_log_q95 >= q - 1e-12);
+  }
+  // Every published row lies inside its prediction's interval (the quantile is their largest).
+  for (const auto& s : sources)
+    for (const auto& r : s.rows) {
+      CAPTURE(r.where);
+      const Prediction p = evaluate(r.model, test::hardware(r.hardware_name), r.config, r.limits);
+      REQUIRE(p.step_std_s > 0);
+      const double half = 1.96 * p.step_std_s / p.time.step_s;
+      const double per_gpu = p.throughput.tokens_per_s / r.config.world_size();
+      CHECK(std::abs(std::log(r.tokens_per_s_per_gpu / per_gpu)) <= std::log1p(half) + 1e-9);
+    }
 }
