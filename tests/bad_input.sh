@@ -229,7 +229,13 @@ enginecoef|s/^\(\[engines.fsdp2\]\)/\1\ngemm_eff_max_frac = 0.5/|engines.fsdp2.g
 enginerange|/^\[engines.deepspeed\]/,/^\[/s/^act_bytes_mult = .*/act_bytes_mult = -3/|engines.deepspeed.act_bytes_mult
 intervalq|/^\[coefficients.interval\]/,/^\[/s/^log_q95_unseen = .*/log_q95_unseen = 0.001/|coefficients.interval.log_q95_unseen
 intervalkey|s/^\(\[coefficients.interval\]\)/\1\nlog_q99 = 1/|log_q99
+matmulrel|s/^\(peak_fp32_flops_per_s.*\)/\1\nmatmul_eff_rel_h200 = { value = 9, source = "x" }/|gpu.matmul_eff_rel_h200
+transferq|s/^\(\[coefficients\]\)/\1\ntransferred_log_q95 = -1/|coefficients.transferred_log_q95
 EOF
+# A catalog profile whose engines_from names no profile.
+mkdir -p "$TMP/dd/hardware" && cp -r "$SRC/data/models" "$TMP/dd/models"
+sed 's/^engines_from = .*/engines_from = "tpu-v9"/' "$SRC/data/hardware/a40.toml" >"$TMP/dd/hardware/a40.toml"
+t 2 "a40.toml: key 'coefficients.engines_from' = \"tpu-v9\"" "$PLANNER" explain --model 7b --hardware a40 --data-dir "$TMP/dd"
 # --- engines: flags and their constraints ---
 t 2 '--engine "megatron"' "$PLANNER" explain --model 7b --engine megatron
 t 2 "must be 2 or 3" "$PLANNER" explain --model 7b --gpus 2 --engine fsdp2 --stage 1
