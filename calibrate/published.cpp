@@ -121,7 +121,7 @@ PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
   PublishedSource s;
   s.file = origin;
   const TomlReader src = t.subtable("source");
-  src.reject_unknown_keys({"id", "title", "url", "retrieved", "engine", "notes"});
+  src.reject_unknown_keys({"id", "title", "url", "retrieved", "engine", "notes", "memory_habits"});
   s.id = src.get_string("id");
   s.title = src.get_string("title");
   s.url = src.get_string("url");
@@ -129,6 +129,18 @@ PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
   s.engine = src.get_string("engine");
   s.notes = src.get_string_or("notes", "");
   parse_engine(s.engine, origin + ": source.engine");
+  if (auto habits = src.subtable_opt("memory_habits")) {
+    for (const auto& [key, node] : habits->table()) {
+      const std::string name(key.str());
+      const auto id = coef_by_name(name);
+      if (!id || !is_memory_coef(*id))
+        throw InputError(origin + ": key 'source.memory_habits." + name +
+                         "' is not a memory coefficient (valid: gpu_workspace_bytes, gpu_frag_frac, act_bytes_mult, "
+                         "loss_extra_bytes_per_logit, host_bytes_per_rank)");
+      const CoefInfo& info = coef_table()[*id];
+      s.memory_habits[*id] = habits->get_double(name, info.lower, info.upper);
+    }
+  }
   const toml::array* rows = root["rows"].as_array();
   if (!rows || rows->empty()) throw InputError(origin + ": rows: needs at least one [[rows]] table");
   for (size_t i = 0; i < rows->size(); ++i) {
@@ -150,6 +162,13 @@ std::vector<fs::path> published_files(const fs::path& data_dir) {
   return out;
 }
 
+// The row's prediction: the engine's view of the profile with the source's memory habits.
+Prediction predict_row(const PublishedSource& s, const PublishedRow& row, const HardwareProfile& hw) {
+  HardwareProfile e = for_engine(hw, s.engine);
+  for (const auto& [c, v] : s.memory_habits) e.coefs[c] = v;
+  return evaluate(row.model, e, row.config, row.limits);
+}
+
 double published_log_q95(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
   std::map<std::string, HardwareProfile> profiles;
   std::vector<double> r;
@@ -157,7 +176,7 @@ double published_log_q95(const std::vector<PublishedSource>& sources, const fs::
     for (const auto& row : s.rows) {
       auto it = profiles.find(row.hardware_name);
       if (it == profiles.end()) it = profiles.emplace(row.hardware_name, resolve_hardware(row.hardware_name, data_dir)).first;
-      const Prediction p = evaluate(row.model, it->second, row.config, row.limits);
+      const Prediction p = predict_row(s, row, it->second);
       r.push_back(std::abs(std::log(row.tokens_per_s_per_gpu * row.config.world_size() / p.throughput.tokens_per_s)));
     }
   if (r.empty()) return 0;
@@ -181,7 +200,7 @@ int run_published_report(const std::vector<std::string>& files, const std::strin
       auto it = profiles.find(r.hardware_name);
       if (it == profiles.end()) it = profiles.emplace(r.hardware_name, resolve_hardware(r.hardware_name, data_dir)).first;
       const HardwareProfile& hw = it->second;
-      Prediction p = evaluate(r.model, hw, r.config, r.limits);
+      Prediction p = predict_row(s, r, hw);
       out.push_back({&s, &r, p, coefficient_status(hw, s.engine), p.throughput.tokens_per_s / r.config.world_size()});
     }
   const double q95 = published_log_q95(sources, data_dir);

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "model/hardware.h"
 #include "model/model_spec.h"
+#include "model/prediction.h"
 #include "model/step_features.h"
 #include "model/train_config.h"
 
@@ -31,6 +33,9 @@ struct PublishedRow {
 
 struct PublishedSource {
   std::string id, title, url, retrieved, engine, notes, file;
+  // [source.memory_habits]: memory coefficients (is_memory_coef) of the model implementation the
+  // source ran, read from its code (e.g. its loss's bytes per logit); they replace the profile's.
+  std::map<Coef, double> memory_habits;
   std::vector<PublishedRow> rows;
 };
 
@@ -41,6 +46,10 @@ PublishedSource load_published(const std::filesystem::path& file, const std::fil
 
 // The files of data_dir/published, sorted.
 std::vector<std::filesystem::path> published_files(const std::filesystem::path& data_dir);
+
+// A row's prediction on `hw`: the source engine's view of the profile, with the source's memory
+// habits over its coefficients.
+Prediction predict_row(const PublishedSource& s, const PublishedRow& row, const HardwareProfile& hw);
 
 // How the coefficients a prediction for `engine` on `hw` uses were obtained: "calibrated",
 // "hardware calibrated, engine not", "engine from REF, hardware uncalibrated" (engines_from)

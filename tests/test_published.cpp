@@ -158,10 +158,53 @@ TEST_CASE("an uncalibrated profile's interval is the conformal quantile of the p
   for (const auto& s : sources)
     for (const auto& r : s.rows) {
       CAPTURE(r.where);
-      const Prediction p = evaluate(r.model, test::hardware(r.hardware_name), r.config, r.limits);
+      const Prediction p = predict_row(s, r, test::hardware(r.hardware_name));
       REQUIRE(p.step_std_s > 0);
+      // No row that really ran is called "does not fit".
+      CHECK(p.fits);
       const double half = 1.96 * p.step_std_s / p.time.step_s;
       const double per_gpu = p.throughput.tokens_per_s / r.config.world_size();
       CHECK(std::abs(std::log(r.tokens_per_s_per_gpu / per_gpu)) <= std::log1p(half) + 1e-9);
     }
+}
+
+TEST_CASE("a source's memory habits replace the profile's memory coefficients for its rows") {
+  const fs::path p = fs::temp_directory_path() / "stepcast_published_habits.toml";
+  const std::string body = R"([source]
+id = "hand"
+title = "t"
+url = "u"
+retrieved = "2026-12-01"
+engine = "fsdp2"
+[source.memory_habits]
+loss_extra_bytes_per_logit = 2
+[[rows]]
+where = "w"
+model = "mpt-7b"
+hardware = "h100-sxm"
+gpus = 8
+seq = 8192
+micro_batch = 8
+gas = 1
+checkpointing = true
+tokens_per_s_per_gpu = 1
+)";
+  std::ofstream(p) << body;
+  const PublishedSource s = load_published(p, data_dir());
+  const PublishedRow& r = s.rows.front();
+  const HardwareProfile hw = test::hardware("h100-sxm");
+  const Prediction with = predict_row(s, r, hw);
+  const Prediction without = evaluate(r.model, hw, r.config);
+  // 8 x 8192 tokens x 50368 logits x (8 - 2) bytes less at the loss, which is this plan's peak,
+  // with the allocator's fragmentation share on top of it; the same time.
+  const double frag = for_engine(hw, "fsdp2").coefs[kGpuFragFrac];
+  CHECK(without.memory.gpu_total_bytes - with.memory.gpu_total_bytes ==
+        doctest::Approx(8.0 * 8192 * 50368 * 6.0 * (1.0 + frag)).epsilon(1e-6));
+  CHECK(with.time.step_s == doctest::Approx(without.time.step_s));
+  std::string bad = body;
+  bad.replace(bad.find("loss_extra_bytes_per_logit"), 26, "gemm_eff_max_frac");
+  std::ofstream(p) << bad;
+  CHECK_THROWS_WITH_AS(load_published(p, data_dir()), doctest::Contains("source.memory_habits.gemm_eff_max_frac"),
+                       InputError);
+  fs::remove(p);
 }
