@@ -206,6 +206,8 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       multi_node ? std::min(hw.links.inter_node_bytes_per_s * c.gpus_per_node, hw.links.intra_node_bytes_per_s)
                  : hw.links.intra_node_bytes_per_s;
   f.extra_latency_s = multi_node ? hw.links.inter_node_latency_s : 0.0;
+  // Without NVLink, a node's GPUs reduce over PCIe, the link their host copies take too.
+  f.pcie_shared_link = multi_rank && !multi_node && hw.links.intra_node == "pcie" ? 1.0 : 0.0;
 
   // --- offload -----------------------------------------------------------------
   const double shard_params = stage >= 1 ? params / n : params;

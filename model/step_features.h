@@ -46,6 +46,7 @@ struct StepFeatures {
   double gather_bus_factor = 0;     // (n-1)/n
   double link_bytes_per_s = 0;      // slowest link of the ring, before efficiency
   double link_is_inter_node = 0;    // 1 when the ring crosses nodes
+  double pcie_shared_link = 0;      // 1 when the ranks' collectives and host copies share PCIe
   double extra_latency_s = 0;       // inter-node latency added to each call
   // --- offload traffic (PCIe) ----------------------------------------------
   double d2h_bytes_boundary = 0;    // gradient shard to the host, last micro-batch only

@@ -208,11 +208,25 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T copy_window = coef[kOffloadOverlapFrac] * bwd_s;
   const T gather_window = coef[kGatherOverlapFrac] * compute_s;
   const T gather_exposed = max0(gather_s + param_up_s - gather_window);
-  const T rs_exposed_micro = max0(rs_micro_s - grad_window);
-  const T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
-  const T d2h_exposed_boundary = max0(d2h_boundary_s - copy_window);
-
-  const T grad_host_exposed_micro = max0(grad_host_micro_s - copy_window);
+  T rs_exposed_micro = max0(rs_micro_s - grad_window);
+  T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
+  T d2h_exposed_boundary = max0(d2h_boundary_s - copy_window);
+  T grad_host_exposed_micro = max0(grad_host_micro_s - copy_window);
+  if (f.pcie_shared_link > 0.0) {
+    // GPUs that talk over PCIe reduce gradients over the same link their copies to the host
+    // use: the two queue on it and hide together, behind the larger of their windows. The
+    // exposed time is shared between them in proportion to their own.
+    const T window = detail::max2(grad_window, copy_window);
+    const auto share = [&](const T& a, const T& b, T& exposed_a, T& exposed_b) {
+      const T total = a + b;
+      if (!(total > 0.0)) return;
+      const T exposed = max0(total - window);
+      exposed_a = exposed * a / total;
+      exposed_b = exposed * b / total;
+    };
+    share(rs_micro_s, grad_host_micro_s, rs_exposed_micro, grad_host_exposed_micro);
+    share(rs_micro_s + rs_boundary_s, d2h_boundary_s, rs_exposed_boundary, d2h_exposed_boundary);
+  }
   const T micro_s = compute_s + gather_exposed + rs_exposed_micro + grad_host_exposed_micro;
   const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
 

@@ -337,3 +337,39 @@ TEST_CASE("the founding report's OPT time is DeepSpeed's serial offload") {
     CHECK(evaluate(m, hw, c, pod).time.opt_s < serial.time.opt_s);
   }
 }
+
+TEST_CASE("over PCIe, gradient reduction and host copies share one link and hide behind one window") {
+  const ModelSpec m = model("gpt-j-6b");
+  TrainConfig c = config(2, 2, 1, 4);
+  c.offload_optimizer = OffloadDevice::kCpu;
+  const HardwareProfile a40 = hardware("a40");  // intra_node = "pcie"
+  const Features f = make_features(m, a40, c);
+  REQUIRE(f.step.pcie_shared_link == 1.0);
+  CHECK(make_features(m, hardware("h200-sxm"), c).step.pcie_shared_link == 0.0);  // NVLink
+  CHECK(make_features(m, a40, config(2, 1, 1, 4)).step.pcie_shared_link == 0.0);   // one GPU
+  StepFeatures apart = f.step;
+  apart.pcie_shared_link = 0.0;
+  const StepTime<double> shared = predict_step_time(f.step, a40.coefs.data());
+  const StepTime<double> separate = predict_step_time(apart, a40.coefs.data());
+  // One window for both can hide no more than two windows, one for each, and exposes at most
+  // what the two transfers take.
+  CHECK(shared.step_s >= separate.step_s - 1e-12);
+  CHECK(shared.step_s - separate.step_s <= shared.grad_comm_total_s + shared.offload_transfer_total_s + 1e-12);
+  // The boundary micro-batch by hand: reduce-scatter rs over the PCIe ring and the shard's copy
+  // d2h queue on the link; the backward's larger window hides max(0, rs + d2h - window).
+  const double* k = a40.coefs.data();
+  const double bwd = shared.backward_s / 4.0;
+  const double window = std::max(k[kGradCommOverlapFrac], k[kOffloadOverlapFrac]) * bwd;
+  const double rs = collective_time_s(f.step.grad_comm_bytes_micro, f.step.grad_comm_calls_micro,
+                                      f.step.grad_comm_bus_factor, false, f.step.link_bytes_per_s, false, 0.0, k);
+  const double d2h = pcie_copy_time_s(f.step.d2h_bytes_boundary, f.step.d2h_bytes_per_s, k);
+  const double exposed_micro = std::max(0.0, rs - window);
+  const double exposed_boundary = std::max(0.0, rs + d2h - window);
+  CHECK(shared.gas_s == doctest::Approx(3.0 * (shared.forward_s + shared.backward_s) / 4.0 + 3.0 * exposed_micro));
+  const double boundary_exposed_shared = shared.opt_s - (shared.forward_s + shared.backward_s) / 4.0;
+  const double boundary_exposed_apart = separate.opt_s - (separate.forward_s + separate.backward_s) / 4.0;
+  CHECK(boundary_exposed_shared - boundary_exposed_apart ==
+        doctest::Approx(exposed_boundary - std::max(0.0, rs - k[kGradCommOverlapFrac] * bwd) -
+                        std::max(0.0, d2h - k[kOffloadOverlapFrac] * bwd))
+            .epsilon(1e-9));
+}
