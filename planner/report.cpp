@@ -3,6 +3,7 @@
 
 #include "model/train_config_json.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -54,6 +55,43 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
+// The regime dimensions of a plan outside a calibrated profile's fitted runs (its interval
+// model's region), each as "name value (calibrated range)": what the prediction extrapolates
+// in. Node count counts too: every calibration run is on one node. Empty for profiles without
+// an interval model (uncalibrated ones say so in their header).
+static std::vector<std::string> extrapolated_dimensions(const HardwareProfile& hw, const std::string& model,
+                                                        const TrainConfig& c) {
+  std::vector<std::string> out;
+  const IntervalModel& m = hw.interval;
+  if (m.empty() || !hw.coefs_calibrated) return out;
+  const auto list = [](const auto& v) {
+    std::ostringstream o;
+    for (size_t i = 0; i < v.size(); ++i) o << (i ? "/" : "") << v[i];
+    return o.str();
+  };
+  const auto has = [](const auto& v, const auto& x) { return std::find(v.begin(), v.end(), x) != v.end(); };
+  if (!has(m.models, model))
+    out.push_back("model " + model + " (not one of the " + std::to_string(m.models.size()) + " calibrated)");
+  if (!has(m.zero_stages, static_cast<int64_t>(c.zero_stage)))
+    out.push_back("ZeRO stage " + std::to_string(c.zero_stage) + " (calibrated: " + list(m.zero_stages) + ")");
+  if (!has(m.offloads, offload_label(c))) out.push_back("offload " + offload_label(c) + " (calibrated: " + list(m.offloads) + ")");
+  if (!has(m.precisions, std::string(precision_name(c.precision))))
+    out.push_back(std::string("precision ") + precision_name(c.precision) + " (calibrated: " + list(m.precisions) + ")");
+  if (!has(m.attentions, std::string(attention_name(c.attention))))
+    out.push_back(std::string("attention ") + attention_name(c.attention) + " (calibrated: " + list(m.attentions) + ")");
+  if (!has(m.world_sizes, static_cast<int64_t>(c.world_size())))
+    out.push_back("GPUs " + std::to_string(c.world_size()) + " (calibrated: " + list(m.world_sizes) + ")");
+  if (c.nodes > 1) out.push_back("nodes " + std::to_string(c.nodes) + " (calibrated: 1)");
+  const double seq = static_cast<double>(c.seq_len);
+  if (seq < m.seq_min || seq > m.seq_max)
+    out.push_back("sequence " + std::to_string(c.seq_len) + " (calibrated: " + fmt("%.0f", m.seq_min) + "-" +
+                  fmt("%.0f", m.seq_max) + ")");
+  if (static_cast<double>(c.micro_batch) * seq > m.micro_tokens_max)
+    out.push_back("micro-batch x sequence " + fmt("%.0f", static_cast<double>(c.micro_batch) * seq) +
+                  " tokens (calibrated: <= " + fmt("%.0f", m.micro_tokens_max) + ")");
+  return out;
+}
+
 // What the ±95% column means for this profile.
 std::string interval_legend(const HardwareProfile& hw) {
   if (hw.interval.empty()) return "parameter and model error";
@@ -101,6 +139,10 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   j["fits"] = p.fits;
   // Micro-batch x sequence beyond the calibrated profile's fitted runs: extrapolated.
   j["extrapolated"] = ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len);
+  // Every regime dimension outside the calibrated runs, with the calibrated range.
+  j["extrapolated_dimensions"] = ctx.hardware && ctx.model
+                                     ? extrapolated_dimensions(*ctx.hardware, ctx.model->name, c)
+                                     : std::vector<std::string>{};
   if (!p.fits) j["reason"] = p.reason;
   // The founding report's split is undefined with GAS = 1: null, not 0.
   nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas_s) : nlohmann::json(nullptr);
@@ -203,6 +245,22 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
   if (any_beyond)
     out += "! micro-batch x sequence beyond the calibration runs (<= " + fmt("%.0f", ctx.hardware->max_micro_tokens) +
            " tokens): time and memory extrapolated (validate before a long run)\n";
+  if (ctx.hardware && ctx.model) {
+    // One line per distinct set of dimensions, naming the plans that share it, in table order.
+    std::vector<std::pair<std::string, std::string>> groups;  // dimensions, plan numbers
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const auto dims = extrapolated_dimensions(*ctx.hardware, ctx.model->name, plans[i].config);
+      if (dims.empty()) continue;
+      std::string text;
+      for (size_t k = 0; k < dims.size(); ++k) text += (k ? ", " : "") + dims[k];
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == text; });
+      if (it == groups.end()) groups.emplace_back(text, "#" + std::to_string(i + 1));
+      else it->second += ", #" + std::to_string(i + 1);
+    }
+    for (const auto& [text, which] : groups)
+      out += "! " + which + " extrapolate" + (which.find(',') == std::string::npos ? "s" : "") +
+             " beyond the calibrated runs in: " + text + "\n";
+  }
   return out;
 }
 
