@@ -169,30 +169,10 @@ Prediction predict_row(const PublishedSource& s, const PublishedRow& row, const 
   return evaluate(row.model, e, row.config, row.limits);
 }
 
-double published_log_q95(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
-  std::map<std::string, HardwareProfile> profiles;
-  std::vector<double> r;
-  for (const auto& s : sources)
-    for (const auto& row : s.rows) {
-      auto it = profiles.find(row.hardware_name);
-      if (it == profiles.end()) it = profiles.emplace(row.hardware_name, resolve_hardware(row.hardware_name, data_dir)).first;
-      const Prediction p = predict_row(s, row, it->second);
-      r.push_back(std::abs(std::log(row.tokens_per_s_per_gpu * row.config.world_size() / p.throughput.tokens_per_s)));
-    }
-  if (r.empty()) return 0;
-  std::sort(r.begin(), r.end());
-  const size_t k = std::min(r.size(), static_cast<size_t>(std::ceil(0.95 * static_cast<double>(r.size() + 1))));
-  return r[k - 1];
-}
+namespace {
 
-int run_published_report(const std::vector<std::string>& files, const std::string& data_dir_flag, bool json) {
-  const fs::path data_dir = resolve_data_dir(data_dir_flag);
-  std::vector<fs::path> paths;
-  for (const auto& f : files)
-    if (!f.empty()) paths.emplace_back(f);
-  if (paths.empty()) paths = published_files(data_dir);
-  std::vector<PublishedSource> sources;
-  for (const auto& p : paths) sources.push_back(load_published(p, data_dir));
+// Every row's prediction, each profile read once.
+std::vector<Predicted> predict_all(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
   std::map<std::string, HardwareProfile> profiles;
   std::vector<Predicted> out;
   for (const auto& s : sources)
@@ -203,7 +183,35 @@ int run_published_report(const std::vector<std::string>& files, const std::strin
       Prediction p = predict_row(s, r, hw);
       out.push_back({&s, &r, p, coefficient_status(hw, s.engine), p.throughput.tokens_per_s / r.config.world_size()});
     }
-  const double q95 = published_log_q95(sources, data_dir);
+  return out;
+}
+
+// The split-conformal 95 % quantile of |log(published / predicted)| (published_log_q95).
+double conformal_log_q95(const std::vector<Predicted>& predicted) {
+  std::vector<double> r;
+  for (const auto& x : predicted) r.push_back(std::abs(std::log(x.row->tokens_per_s_per_gpu / x.tokens_per_s_per_gpu)));
+  if (r.empty()) return 0;
+  std::sort(r.begin(), r.end());
+  const size_t k = std::min(r.size(), static_cast<size_t>(std::ceil(0.95 * static_cast<double>(r.size() + 1))));
+  return r[k - 1];
+}
+
+}  // namespace
+
+double published_log_q95(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
+  return conformal_log_q95(predict_all(sources, data_dir));
+}
+
+int run_published_report(const std::vector<std::string>& files, const std::string& data_dir_flag, bool json) {
+  const fs::path data_dir = resolve_data_dir(data_dir_flag);
+  std::vector<fs::path> paths;
+  for (const auto& f : files)
+    if (!f.empty()) paths.emplace_back(f);
+  if (paths.empty()) paths = published_files(data_dir);
+  std::vector<PublishedSource> sources;
+  for (const auto& p : paths) sources.push_back(load_published(p, data_dir));
+  const std::vector<Predicted> out = predict_all(sources, data_dir);
+  const double q95 = conformal_log_q95(out);
   int covered = 0, with_interval = 0;
   for (const auto& x : out)
     if (x.p.step_std_s > 0) {
