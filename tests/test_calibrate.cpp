@@ -295,13 +295,15 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   //                        2026-11-29_backend_v1_c_gptj.jsonl 2026-11-30_validate_6b.jsonl
   //                        2026-11-30_calibration_v3.jsonl 2026-11-30_offload_overlap.jsonl
   //                        2026-12-01_validate_1gpu_pythia.jsonl 2026-12-01_validate_1gpu_llama.jsonl
-  //                        2026-12-01_span_1gpu.jsonl --hardware h200-sxm --holdout-frac 0
+  //                        2026-12-01_span_1gpu.jsonl 2026-12-01_span_1gpu_b.jsonl
+  //                        2026-12-01_validate_1gpu_pythia_s11.jsonl 2026-12-01_validate_1gpu_llama_s11_s29.jsonl
+  //                        --hardware h200-sxm --holdout-frac 0
   // (every configuration: cross-validation is the held-out measure): the component fit on the
   // micro-benchmarks, then the end-to-end fit. The files are the ones its provenance names;
   // refit both stages from them and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
-  REQUIRE(committed.calibration_runs.size() == 9);
+  REQUIRE(committed.calibration_runs.size() == 12);
   std::vector<fs::path> files;
   for (const std::string& r : committed.calibration_runs) files.push_back(test::data_dir() / r);
   const auto runs = load_runs(files, test::data_dir());
