@@ -7,6 +7,7 @@
 
 #include "common/errors.h"
 #include "common/text_file.h"
+#include "common/units.h"
 #include "model/toml_reader.h"
 
 namespace stepcast {
@@ -107,7 +108,7 @@ std::string interval_text(const std::string& header, const IntervalModel& m) {
 HardwareProfile parse_hardware_profile(const std::string& text, const std::string& origin) {
   toml::table table = TomlReader::parse(text, origin);
   TomlReader r(table, origin);
-  r.reject_unknown_keys({"name", "description", "gpu", "host", "links", "price_per_gpu_hour",
+  r.reject_unknown_keys({"name", "description", "gpu", "host", "links", "prices",
                          "coefficients", "engines"});
   HardwareProfile hw;
   hw.path = origin;
@@ -167,7 +168,31 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.links.inter_node_latency_s = sourced(l, "inter_node_latency_s", 0, 1);
   hw.links.gpus_per_node_max = static_cast<int>(l.get_int("gpus_per_node_max", 1, 1024));
 
-  if (r.has("price_per_gpu_hour")) hw.price_per_gpu_hour = sourced(r, "price_per_gpu_hour", 0, 1e4);
+  if (r.has("prices")) {
+    const toml::array* offers = table["prices"].as_array();
+    if (!offers) throw InputError(origin + ": key 'prices' is not an array of [[prices]] tables");
+    for (size_t i = 0; i < offers->size(); ++i) {
+      const toml::table* t = (*offers)[i].as_table();
+      const std::string path = "prices[" + std::to_string(i) + "]";
+      if (!t) throw InputError(origin + ": " + path + " is not a table");
+      const TomlReader o(*t, origin, path);
+      o.reject_unknown_keys({"provider", "usd_per_gpu_hour", "kubernetes", "includes_host", "vcpus_per_gpu",
+                             "memory_gib_per_gpu", "source", "date"});
+      PriceOffer p;
+      p.provider = o.get_string("provider");
+      p.usd_per_gpu_hour = o.get_double("usd_per_gpu_hour", 0.01, 1e3);
+      p.kubernetes = o.get_bool_or("kubernetes", false);
+      p.includes_host = o.get_bool_or("includes_host", false);
+      p.vcpus_per_gpu = o.get_double_or("vcpus_per_gpu", 0, 1, 1024);
+      p.memory_bytes_per_gpu = o.get_double_or("memory_gib_per_gpu", 0, 1, 1e5) * kBytesPerGiB;
+      p.source = o.get_string("source");
+      p.date = o.get_string("date");
+      if (p.date.size() != 10 || p.date[4] != '-' || p.date[7] != '-')
+        throw InputError(origin + ": key '" + path + ".date' = \"" + p.date + "\" is not a date (YYYY-MM-DD)");
+      hw.prices.push_back(std::move(p));
+    }
+    if (!hw.prices.empty()) hw.price_per_gpu_hour = hw.prices.front().usd_per_gpu_hour;
+  }
 
   hw.coefs = default_coefs();
   if (auto c = r.subtable_opt("coefficients")) {

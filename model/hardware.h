@@ -77,6 +77,19 @@ struct EngineSection {
   IntervalModel interval;              // [engines.NAME.interval]
 };
 
+// One provider's on-demand list price for this GPU kind ([[prices]] in the profile), with the
+// pod or instance size it comes with where the provider publishes one.
+struct PriceOffer {
+  std::string provider;           // "coreweave", "lambda", ...
+  double usd_per_gpu_hour = 0;
+  bool kubernetes = false;        // the provider schedules pods on Kubernetes
+  bool includes_host = false;     // the price includes the host's vCPUs and memory
+  double vcpus_per_gpu = 0;       // 0 = not published
+  double memory_bytes_per_gpu = 0;  // host memory per GPU of the instance or pod; 0 = not published
+  std::string source;             // where the number was read
+  std::string date;               // when it was read (YYYY-MM-DD)
+};
+
 struct HardwareProfile {
   std::string name;
   std::string path;          // file it was read from
@@ -84,7 +97,8 @@ struct HardwareProfile {
   GpuSpec gpu;
   HostSpec host;
   LinkSpec links;
-  double price_per_gpu_hour = 0;  // 0 = unknown
+  double price_per_gpu_hour = 0;  // the first offer's price; 0 = unknown
+  std::vector<PriceOffer> prices;  // [[prices]], the default first
   std::map<std::string, std::string> sources;  // dotted key -> source
 
   CoefVector coefs{};

@@ -18,7 +18,9 @@
 #include "common/errors.h"
 #include "common/run_main.h"
 #include "common/units.h"
+#include "planner/compare.h"
 #include "planner/deepspeed_config.h"
+#include "planner/k8s_manifest.h"
 #include "planner/plan_search.h"
 #include "planner/report.h"
 #include "planner/validate.h"
@@ -194,6 +196,260 @@ bool ranking_overlaps_forward(const std::string& pipeline, const char* command) 
     throw InputError("--offload-pipeline \"" + pipeline + "\" is not valid for " + command +
                      " (valid: on, full; --engine deepspeed ranks DeepSpeed's serial order)");
   return pipeline == "full";
+}
+
+struct CompareOptions {
+  CommonOptions common;  // model, seq, precision, attention, data dir, json, train tokens
+  std::string hardware_list;  // comma-separated; empty: every profile with a price
+  int max_gpus = 16;
+  double deadline_hours = 0;
+  double budget_usd = 0;
+  std::vector<std::string> prices;  // KIND=USD
+  std::string provider;
+  std::string engine = "stepcast";
+  int64_t global_batch = 64;
+  std::string svg;
+  std::string k8s_manifest;
+  ManifestRequest manifest;
+};
+
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string hours_text(double s) { return fmt("%.1f", s / 3600.0); }
+
+// `planner compare`: each GPU kind x GPU count, its best plan, the run's wall-clock and cost.
+int run_compare(CompareOptions& co) {
+  CommonOptions& o = co.common;
+  if (o.train_tokens <= 0) throw InputError("--train-tokens is required (tokens of the whole fine-tune, e.g. 1e9)");
+  check_range("--train-tokens", o.train_tokens, 1, 1e16, false);
+  if (co.max_gpus < 1 || co.max_gpus > 4096)
+    throw InputError("--max-gpus " + std::to_string(co.max_gpus) + " is out of range [1, 4096]");
+  check_range("--deadline-hours", co.deadline_hours, 1e-3, 1e6, true);
+  check_range("--budget-usd", co.budget_usd, 1e-2, 1e9, true);
+  const Engine eng = parse_engine(co.engine, "--engine");
+  if (!co.svg.empty()) check_output_path(co.svg);
+  if (!co.k8s_manifest.empty()) check_output_path(co.k8s_manifest);
+  const auto overrides = parse_price_overrides(co.prices);
+  const std::filesystem::path dir = data_dir(o);
+  std::vector<std::string> kinds = co.hardware_list.empty() ? list_hardware(dir) : split_list(co.hardware_list);
+  if (kinds.empty()) throw InputError("--hardware \"" + co.hardware_list + "\" names no profile");
+  for (const auto& [kind, usd] : overrides)
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
+      throw InputError("--price " + kind + "=" + fmt("%g", usd) + ": " + kind + " is not among the compared kinds");
+  const ModelSpec model = resolve_model(o.model, dir);
+
+  std::vector<CompareRow> rows;
+  std::vector<std::string> notes;
+  for (const std::string& kind : kinds) {
+    const HardwareProfile hw = resolve_hardware(kind, dir);
+    // The offer that prices this kind: --price, else --provider's, else the profile's first.
+    PriceOffer offer;
+    if (auto it = overrides.find(kind); it != overrides.end()) {
+      offer.provider = "--price";
+      offer.usd_per_gpu_hour = it->second;
+    } else if (!co.provider.empty()) {
+      auto f = std::find_if(hw.prices.begin(), hw.prices.end(), [&](const PriceOffer& p) { return p.provider == co.provider; });
+      if (f == hw.prices.end()) {
+        if (!co.hardware_list.empty())
+          throw InputError(hw.path + ": no [[prices]] offer of provider \"" + co.provider + "\" for " + kind);
+        notes.push_back(kind + ": left out, no price of provider " + co.provider);
+        continue;
+      }
+      offer = *f;
+    } else if (!hw.prices.empty()) {
+      offer = hw.prices.front();
+    } else {
+      if (!co.hardware_list.empty())
+        throw InputError(hw.path + ": key 'prices' is missing: no price for " + kind + " (give --price " + kind + "=USD)");
+      notes.push_back(kind + ": left out, the profile has no price (--price " + kind + "=USD adds it)");
+      continue;
+    }
+    for (const auto& [gpn, nodes] : gpu_layouts(hw.links.gpus_per_node_max, co.max_gpus)) {
+      if (co.global_batch % (static_cast<int64_t>(gpn) * nodes) != 0) continue;
+      CommonOptions lo = o;
+      lo.gpus = gpn;
+      lo.nodes = nodes;
+      lo.hardware = kind;
+      // The pod's host: the offer's published vCPUs and memory per GPU, else the profile's figures.
+      std::vector<std::string> flags;
+      if (offer.vcpus_per_gpu > 0) lo.cpu_cores = offer.vcpus_per_gpu * gpn;
+      if (offer.memory_bytes_per_gpu > 0) lo.cpu_mem_gib = offer.memory_bytes_per_gpu * gpn / kBytesPerGiB;
+      if (offer.vcpus_per_gpu <= 0 || offer.memory_bytes_per_gpu <= 0)
+        flags.push_back("pod size not published: host from the profile");
+      SearchRequest req;
+      req.base = base_config(lo);
+      req.base.engine = eng;
+      req.model = model;
+      req.hardware = for_engine(hw, co.engine);
+      req.limits = limits_of(lo);
+      req.global_batch = co.global_batch;
+      req.overlap_forward = eng == Engine::kStepcast;
+      const SearchResult res = search_plans(req);
+      if (res.ranked.empty()) continue;
+      CompareRow r;
+      r.hardware = kind;
+      r.provider = offer.provider;
+      r.usd_per_gpu_hour = offer.usd_per_gpu_hour;
+      r.kubernetes = offer.kubernetes;
+      r.includes_host = offer.includes_host;
+      r.calibrated = hw.coefs_calibrated;
+      r.gpus_per_node = gpn;
+      r.nodes = nodes;
+      r.plan = res.ranked.front();
+      const RunCost c = run_cost(o.train_tokens, r.plan.throughput.tokens_per_s, r.gpus(), r.usd_per_gpu_hour);
+      r.wall_s = c.wall_s;
+      r.gpu_hours = c.gpu_hours;
+      r.cost_usd = c.cost_usd;
+      if (hw.coefs_calibrated && r.plan.step_std_s > 0)
+        r.interval_frac = 1.96 * r.plan.step_std_s / r.plan.time.step_s;
+      else if (!hw.coefs_calibrated && hw.transferred_log_q95 > 0)
+        r.interval_frac = std::expm1(hw.transferred_log_q95);
+      if (!offer.includes_host && offer.provider != "--price") flags.push_back("host CPU and memory billed apart");
+      r.pod_cores_per_gpu = offer.vcpus_per_gpu > 0 ? offer.vcpus_per_gpu : hw.host.cpu_cores_per_gpu;
+      r.gpu_name = hw.gpu.name;
+      r.flags = flags;
+      rows.push_back(std::move(r));
+    }
+  }
+  if (rows.empty()) throw InputError("no GPU kind and count up to --max-gpus " + std::to_string(co.max_gpus) + " fits " + model.name);
+  mark_pareto_front(rows);
+  std::sort(rows.begin(), rows.end(), [](const CompareRow& a, const CompareRow& b) { return a.cost_usd < b.cost_usd; });
+  const auto cheapest = cheapest_within(rows, co.deadline_hours * 3600.0);
+  const auto fastest = fastest_within(rows, co.budget_usd);
+  if (co.deadline_hours > 0 && !cheapest) {
+    const auto quickest = fastest_within(rows, 0);
+    throw InputError("--deadline-hours " + fmt("%g", co.deadline_hours) + ": no plan finishes in time; the fastest, " +
+                     rows[*quickest].hardware + " x" + std::to_string(rows[*quickest].gpus()) + ", takes " +
+                     hours_text(rows[*quickest].wall_s) + " h");
+  }
+  if (co.budget_usd > 0 && !fastest) {
+    const auto cheapest_any = cheapest_within(rows, 0);
+    throw InputError("--budget-usd " + fmt("%g", co.budget_usd) + ": no plan costs that little; the cheapest, " +
+                     rows[*cheapest_any].hardware + " x" + std::to_string(rows[*cheapest_any].gpus()) + ", costs $" +
+                     fmt("%.0f", rows[*cheapest_any].cost_usd));
+  }
+  // The manifest's plan: the cheapest within the deadline, else the fastest within the budget,
+  // else the cheapest.
+  std::optional<size_t> chosen = co.deadline_hours > 0 ? cheapest : co.budget_usd > 0 ? fastest : cheapest;
+  std::string manifest_text;
+  if (!co.k8s_manifest.empty()) {
+    const CompareRow& r = rows[*chosen];
+    ManifestRequest mr = co.manifest;
+    mr.gpu_product = gpu_product_label(r.gpu_name);
+    mr.hardware = r.hardware;
+    mr.steps = static_cast<int64_t>(std::ceil(o.train_tokens / (static_cast<double>(co.global_batch) * o.seq)));
+    size_pod(r.plan, r.pod_cores_per_gpu, mr);
+    const HardwareProfile hw = resolve_hardware(r.hardware, dir);
+    ReportContext ctx{&model, &hw, 0};
+    nlohmann::json pj;
+    pj["model"] = model_to_json(model);
+    pj["plans"] = nlohmann::json::array({plan_to_json(r.plan, ctx)});
+    mr.plan_json = pj.dump(2);
+    manifest_text = k8s_manifest_yaml(model, r.plan, mr);
+  }
+  if (!co.k8s_manifest.empty()) write_file_atomic(co.k8s_manifest, manifest_text);
+  if (!co.svg.empty())
+    write_file_atomic(co.svg, compare_svg(rows, model.name + ": " + fmt("%g", o.train_tokens) + " tokens, cost against time"));
+
+  auto plan_text = [](const Prediction& p) {
+    return family_name(p.config) + ", micro " + std::to_string(p.config.micro_batch) + " x GAS " + std::to_string(p.config.gas);
+  };
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = model.name;
+    j["train_tokens"] = o.train_tokens;
+    j["engine"] = co.engine;
+    j["global_batch"] = co.global_batch;
+    j["rows"] = nlohmann::json::array();
+    for (const CompareRow& r : rows) {
+      ReportContext ctx{&model, nullptr, 0};
+      j["rows"].push_back({{"hardware", r.hardware},
+                           {"provider", r.provider},
+                           {"usd_per_gpu_hour", r.usd_per_gpu_hour},
+                           {"kubernetes", r.kubernetes},
+                           {"price_includes_host", r.includes_host},
+                           {"gpus_per_node", r.gpus_per_node},
+                           {"nodes", r.nodes},
+                           {"gpus", r.gpus()},
+                           {"plan", plan_text(r.plan)},
+                           {"config", plan_to_json(r.plan, ctx)["config"]},
+                           {"tokens_per_s", r.plan.throughput.tokens_per_s},
+                           {"wall_s", r.wall_s},
+                           {"gpu_hours", r.gpu_hours},
+                           {"cost_usd", r.cost_usd},
+                           {"interval_95_frac", r.interval_frac},
+                           {"basis", r.calibrated ? "calibrated" : "transferred"},
+                           {"pareto", r.on_front},
+                           {"flags", r.flags}});
+    }
+    if (cheapest) j["cheapest_within_deadline"] = *cheapest;
+    if (fastest) j["fastest_within_budget"] = *fastest;
+    if (!co.k8s_manifest.empty()) j["k8s_manifest"] = {{"file", co.k8s_manifest}, {"row", *chosen}};
+    j["deadline_hours"] = co.deadline_hours;
+    j["budget_usd"] = co.budget_usd;
+    j["notes"] = notes;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << model.name << ": " << fmt("%g", o.train_tokens) << " tokens, global batch " << co.global_batch
+            << " sequences of " << o.seq << ", engine " << co.engine << "; best plan per GPU kind and count (as recommend ranks)\n";
+  std::vector<std::vector<std::string>> table;
+  table.push_back({"", "hardware", "provider", "$/GPU-h", "GPUs", "plan", "tokens/s", "wall h", "GPU-h", "cost $", "±95%", "basis"});
+  for (const CompareRow& r : rows) {
+    table.push_back({r.on_front ? "*" : "", r.hardware, r.provider, fmt("%.2f", r.usd_per_gpu_hour),
+                     r.nodes > 1 ? std::to_string(r.nodes) + "x" + std::to_string(r.gpus_per_node) : std::to_string(r.gpus()),
+                     plan_text(r.plan), fmt("%.0f", r.plan.throughput.tokens_per_s), hours_text(r.wall_s),
+                     fmt("%.1f", r.gpu_hours), fmt("%.0f", r.cost_usd),
+                     r.interval_frac > 0 ? fmt("%.0f", 100 * r.interval_frac) + "%" : "?",
+                     r.calibrated ? "calibrated" : "transferred"});
+  }
+  std::vector<size_t> widths(table.front().size(), 0);
+  for (const auto& row : table)
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  for (const auto& row : table) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const bool left_align = i == 1 || i == 2 || i == 5 || i == 11;
+      std::string cell = row[i];
+      const std::string pad(widths[i] - cell.size(), ' ');
+      line += (left_align ? cell + pad : pad + cell) + (i + 1 < row.size() ? "  " : "");
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::cout << line << "\n";
+  }
+  std::cout << "* on the Pareto front of cost against wall-clock (no other row is both cheaper and faster)\n";
+  std::cout << "±95%: the step time's interval; calibrated: fitted on that GPU; transferred: datasheet figures with "
+               "the H200's engine behaviour, interval from published throughputs (calibrate report --published)\n";
+  std::map<std::string, std::vector<std::string>> flagged;
+  for (const CompareRow& r : rows)
+    for (const std::string& f : r.flags) {
+      auto& v = flagged[f];
+      if (std::find(v.begin(), v.end(), r.hardware) == v.end()) v.push_back(r.hardware);
+    }
+  for (const auto& [f, ks] : flagged) {
+    std::string list;
+    for (const auto& k : ks) list += (list.empty() ? "" : ", ") + k;
+    std::cout << "! " << f << ": " << list << "\n";
+  }
+  auto describe = [&](const CompareRow& r) {
+    return r.hardware + " x" + std::to_string(r.gpus()) + " (" + r.provider + "): " + hours_text(r.wall_s) + " h, $" +
+           fmt("%.0f", r.cost_usd) + ", " + plan_text(r.plan);
+  };
+  if (cheapest) std::cout << (co.deadline_hours > 0 ? "cheapest within " + fmt("%g", co.deadline_hours) + " h: " : "cheapest: ") << describe(rows[*cheapest]) << "\n";
+  if (fastest) std::cout << (co.budget_usd > 0 ? "fastest within $" + fmt("%g", co.budget_usd) + ": " : "fastest: ") << describe(rows[*fastest]) << "\n";
+  for (const std::string& n : notes) std::cout << "note: " << n << "\n";
+  if (!co.svg.empty()) std::cout << "plot written to " << co.svg << "\n";
+  if (!co.k8s_manifest.empty())
+    std::cout << "Kubernetes manifest (ConfigMap + PyTorchJob) for " << describe(rows[*chosen]) << " written to "
+              << co.k8s_manifest << "\n";
+  return 0;
 }
 
 int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
@@ -506,6 +762,33 @@ int main_impl(int argc, char** argv) {
   val->add_option("--append", vo.append, "append the runs to this JSONL (calibration data for a refit)");
   val->add_option("--offload-pipeline", vo.pipeline, "offload plans: full or on, as in recommend")->capture_default_str();
 
+  CompareOptions cmp;
+  CLI::App* cmpc = app.add_subcommand("compare", "best plan, wall-clock and cost of a whole fine-tune per GPU kind and count");
+  cmpc->add_option("--model", cmp.common.model, "catalog name or alias, a .toml card or a Hugging Face config.json")->required();
+  cmpc->add_option("--train-tokens", cmp.common.train_tokens, "tokens of the whole fine-tune (e.g. 1e9)")->required();
+  cmpc->add_option("--hardware", cmp.hardware_list,
+                   "comma-separated profiles to compare (default: every profile with a price; see `planner hardware`)");
+  cmpc->add_option("--max-gpus", cmp.max_gpus, "most GPUs per plan (1, 2, 4, ... in a node, then whole nodes)")->capture_default_str();
+  cmpc->add_option("--deadline-hours", cmp.deadline_hours, "name the cheapest plan that finishes within this many hours");
+  cmpc->add_option("--budget-usd", cmp.budget_usd, "name the fastest plan that costs at most this much");
+  cmpc->add_option("--price", cmp.prices, "KIND=USD per GPU-hour, overriding the profile's price (repeatable)");
+  cmpc->add_option("--provider", cmp.provider, "price every kind with this provider's offer (coreweave, lambda, runpod, ...)");
+  cmpc->add_option("--engine", cmp.engine, "stepcast | deepspeed | fsdp2")->capture_default_str();
+  cmpc->add_option("--global-batch", cmp.global_batch, "sequences per optimizer step across all ranks")->capture_default_str();
+  cmpc->add_option("--seq", cmp.common.seq, "sequence length in tokens")->capture_default_str();
+  cmpc->add_option("--precision", cmp.common.precision, "fp32 | bf16 | fp16")->capture_default_str();
+  cmpc->add_option("--data-dir", cmp.common.data_dir, "folder with models/ and hardware/ (default: the build's data/)");
+  cmpc->add_option("--svg", cmp.svg, "write the cost-against-time plot with its Pareto front to FILE");
+  cmpc->add_flag("--json", cmp.common.json, "print one JSON object instead of the table");
+  cmpc->add_option("--k8s-manifest", cmp.k8s_manifest,
+                   "write a Kubernetes manifest (ConfigMap with the plan + Kubeflow PyTorchJob) for the chosen plan: "
+                   "the cheapest within --deadline-hours, else the fastest within --budget-usd, else the cheapest");
+  cmpc->add_option("--image", cmp.manifest.image, "the manifest's container image (with train, or your DeepSpeed script)")
+      ->capture_default_str();
+  cmpc->add_option("--job-name", cmp.manifest.job_name, "the manifest's job name")->capture_default_str();
+  cmpc->add_option("--data-claim", cmp.manifest.data_claim,
+                   "the manifest's PersistentVolumeClaim with train.txt (default: JOB-NAME-data)");
+
   std::string list_dir;
   bool list_json = false;
   CLI::App* models = app.add_subcommand("models", "list the model catalog");
@@ -519,6 +802,7 @@ int main_impl(int argc, char** argv) {
   if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload, engine, rec_pipeline);
   if (exp->parsed()) return run_explain(exp_opts, e);
   if (val->parsed()) return run_validate(val_opts, val_global_batch, val_optimizers, vo);
+  if (cmpc->parsed()) return run_compare(cmp);
   if (models->parsed()) return run_models(list_dir, list_json);
   if (hardware->parsed()) return run_hardware(list_dir, list_json);
   return 2;

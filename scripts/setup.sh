@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config python3
+  build-essential cmake ninja-build pkg-config python3 python3-yaml python3-jsonschema
   libeigen3-dev libceres-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev doctest-dev
   libtorch-dev libgloo-dev
 )

@@ -231,11 +231,28 @@ intervalq|/^\[coefficients.interval\]/,/^\[/s/^log_q95_unseen = .*/log_q95_unsee
 intervalkey|s/^\(\[coefficients.interval\]\)/\1\nlog_q99 = 1/|log_q99
 matmulrel|s/^\(peak_fp32_flops_per_s.*\)/\1\nmatmul_eff_rel_h200 = { value = 9, source = "x" }/|gpu.matmul_eff_rel_h200
 transferq|s/^\(\[coefficients\]\)/\1\ntransferred_log_q95 = -1/|coefficients.transferred_log_q95
+pricedate|0,/^date = .*/s//date = \"Sept 2026\"/|prices\[0\].date.*not a date
+priceusd|0,/^usd_per_gpu_hour = .*/s//usd_per_gpu_hour = -2/|prices\[0\].usd_per_gpu_hour
+pricekey|0,/^\(usd_per_gpu_hour = .*\)/s//\1\nspot = 1/|prices\[0\].spot
+pricenosrc|0,/^source = \"coreweave.*/s///|prices\[0\].source
 EOF
 # A catalog profile whose engines_from names no profile.
 mkdir -p "$TMP/dd/hardware" && cp -r "$SRC/data/models" "$TMP/dd/models"
 sed 's/^engines_from = .*/engines_from = "tpu-v9"/' "$SRC/data/hardware/a40.toml" >"$TMP/dd/hardware/a40.toml"
 t 2 "a40.toml: key 'coefficients.engines_from' = \"tpu-v9\"" "$PLANNER" explain --model 7b --hardware a40 --data-dir "$TMP/dd"
+# --- planner compare: prices, kinds, deadlines, budgets ---
+t 2 "--train-tokens" "$PLANNER" compare --model 7b
+t 2 "--train-tokens" "$PLANNER" compare --model 7b --train-tokens -5
+t 2 'tpu-v9' "$PLANNER" compare --model 7b --train-tokens 1e9 --hardware tpu-v9
+t 2 '--price "h100-sxm" is not KIND=USD' "$PLANNER" compare --model 7b --train-tokens 1e9 --price h100-sxm
+t 2 '--price "h100-sxm=abc"' "$PLANNER" compare --model 7b --train-tokens 1e9 --price h100-sxm=abc
+t 2 '--price "h100-sxm=-1"' "$PLANNER" compare --model 7b --train-tokens 1e9 --price h100-sxm=-1
+t 2 'l40s is not among the compared kinds' "$PLANNER" compare --model 7b --train-tokens 1e9 --hardware h100-sxm --price l40s=1
+t 2 'deadline-hours 0.01: no plan finishes in time; the fastest' "$PLANNER" compare --model 7b --train-tokens 1e9 --deadline-hours 0.01
+t 2 'budget-usd 0.5: no plan costs that little; the cheapest' "$PLANNER" compare --model 7b --train-tokens 1e9 --budget-usd 0.5
+t 2 'no \[\[prices\]\] offer of provider "acme"' "$PLANNER" compare --model 7b --train-tokens 1e9 --hardware h100-sxm --provider acme
+t 2 '--max-gpus' "$PLANNER" compare --model 7b --train-tokens 1e9 --max-gpus 0
+t 2 'x.svg: cannot write' "$PLANNER" compare --model 7b --train-tokens 1e9 --svg /nonexistent/dir/x.svg
 # --- engines: flags and their constraints ---
 t 2 '--engine "megatron"' "$PLANNER" explain --model 7b --engine megatron
 t 2 "must be 2 or 3" "$PLANNER" explain --model 7b --gpus 2 --engine fsdp2 --stage 1
