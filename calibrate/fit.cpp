@@ -315,7 +315,7 @@ Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::
 }
 
 std::vector<Coef> engine_free_coefs() {
-  return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kPcieEffFrac,
+  return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kPcieEffFrac,
           kOffloadOverlapFrac,   kCpuCoreBytesPerSPerLane, kCpuOptStepOverheadS, kGpuFragFrac,
           kActBytesMult,         kLossExtraBytesPerLogit,  kGpuWorkspaceBytes};
 }

@@ -35,6 +35,15 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "HBM bytes moved by norms, activations, rotary and residuals per saved activation byte"},
     {kLayerOverheadS, "layer_overhead_s", 0.0, 5e-3, 30e-6, "s",
      "fixed launch and synchronisation time per layer per pass"},
+    // DeepSpeed ZeRO-3 fetches each module's parameters from a forward pre-hook and again from a
+    // backward pre-hook (runtime/zero/parameter_offload.py registers the hooks on every submodule;
+    // partitioned_param_coordinator.py fetch_sub_module all-gathers that module's own parameters
+    // and waits for them); FSDP2 does the same per fully_shard unit. The Python work of each fetch
+    // sits on the launching thread. The Stepcast backend has no such fetches (its feature is 0);
+    // the default, 0.2 ms, is the order of a Python hook with an all-gather launch and the fit's
+    // starting point.
+    {kParamFetchOverheadS, "param_fetch_overhead_s", 0.0, 0.02, 2e-4, "s",
+     "host time of one hooked parameter fetch (a peer engine's stage-3 module or FSDP2 unit)"},
     // NCCL all-reduce on 2 H200 (NV18): 71 GB/s at 4 MB, 246 at 64 MB, 325 at
     // 1 GiB. t = lat + bytes/bw through the 4 MB and 1 GiB points: lat = 46 us,
     // bw = 330 GB/s; 330 / 450 GB/s (NVLink 4, one direction) = 0.73.
@@ -124,7 +133,7 @@ bool is_memory_coef(Coef c) {
 
 const std::vector<Coef>& engine_coefs() {
   static const std::vector<Coef> kEngine = {
-      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kGradCommOverlapFrac,
+      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kGradCommOverlapFrac,
       kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kGpuOptBwEffFrac,
       kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,
       kGpuWorkspaceBytes,    kGpuFragFrac,            kActBytesMult,      kLossExtraBytesPerLogit,

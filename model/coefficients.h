@@ -24,6 +24,7 @@ enum Coef : int {
   kAttnBwdHalfSeqTokens,     // sequence length at which the attention backward runs at half its best
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
   kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
+  kParamFetchOverheadS,      // host time of one hooked parameter fetch (peer engines' ZeRO-3 / FSDP2 units)
   // --- communication --------------------------------------------------------
   kCollLatencyS,             // latency of one NCCL collective call
   kIntraBusEffFrac,          // achieved bus bandwidth / intra-node link bandwidth

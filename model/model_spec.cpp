@@ -55,6 +55,18 @@ int64_t ModelSpec::final_norm_params() const {
   return (norm == NormKind::kLayer ? 2 : 1) * hidden_size;
 }
 
+int64_t ModelSpec::param_modules_per_layer() const {
+  const bool fused_qkv = model_type == "gpt_neox" || model_type == "gpt2" || model_type == "mpt";
+  const int64_t attn = fused_qkv ? 2 : 4;
+  const int64_t mlp = gated_mlp ? 3 : 2;
+  return attn + mlp + norms_per_layer;
+}
+
+int64_t ModelSpec::param_modules_outside_layers() const {
+  return 1 + (learned_position_embeddings > 0 ? 1 : 0) + (word_embed_proj_dim > 0 ? 2 : 0) + (final_norm ? 1 : 0) +
+         (tied_embeddings ? 0 : 1);
+}
+
 int64_t ModelSpec::total_params() const {
   return embedding_params() + num_layers * params_per_layer() + final_norm_params() +
          lm_head_params();

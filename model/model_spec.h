@@ -54,6 +54,12 @@ struct ModelSpec {
   int64_t lm_head_params() const;    // 0 when tied
   int64_t final_norm_params() const;
   int64_t total_params() const;
+  // Modules that hold parameters, as the Hugging Face implementation registers them: per layer
+  // the attention projections (q, k, v, o; one fused qkv for gpt_neox, gpt2 and mpt), the MLP
+  // matrices (three gated, two plain) and the norms; outside the layers the embeddings, the
+  // final norm and an untied lm_head. ZeRO-3 hooks fetch each one on its own.
+  int64_t param_modules_per_layer() const;
+  int64_t param_modules_outside_layers() const;
 };
 
 // Checks ranges and consistency; throws InputError naming `origin` (a file).

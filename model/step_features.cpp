@@ -165,6 +165,17 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const double param_bytes_full = params * wb;
   const double grad_calls = std::ceil(params / bucket);
   const double units = L + 2.0;  // stage-3 gather units: layers, embedding, head
+  // Modules with parameters (DeepSpeed's fetch granularity under ZeRO-3).
+  const double modules = static_cast<double>(spec.param_modules_per_layer()) * L +
+                         static_cast<double>(spec.param_modules_outside_layers());
+  // DeepSpeed's ZeRO-3 fetches per micro-batch: every module with parameters before its forward
+  // and before its backward, from Python hooks on the launching thread, one rank or many
+  // (runtime/zero/parameter_offload.py); it releases a module's parameters after each forward,
+  // the checkpointed recompute's too, so checkpointing adds a third round. FSDP2 fetches per
+  // fully_shard unit, which the layer overhead already carries: the same term for it made its
+  // cross-validated error worse (docs/engines.md), so its feature stays 0.
+  const double fetch_rounds = 2.0 + (c.activation_checkpointing ? 1.0 : 0.0);
+  if (stage == 3 && c.engine == Engine::kDeepSpeed) f.param_fetches_micro = fetch_rounds * modules;
   if (multi_rank) {
     f.gather_bus_factor = all_gather_bus_factor(n);
     if (stage == 0) {
@@ -187,6 +198,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // checkpointed recompute runs inside the backward gather window).
       f.gather_bytes_micro = 2.0 * param_bytes_full;
       f.gather_calls_micro = 2.0 * units;
+      if (c.engine == Engine::kDeepSpeed) {
+        f.gather_bytes_micro = fetch_rounds * param_bytes_full;
+        f.gather_calls_micro = fetch_rounds * modules;
+      }
     } else if (stage >= 1) {
       // Each rank updated its shard: all-gather the new parameters.
       f.post_step_gather_bytes = param_bytes_full;

@@ -42,6 +42,7 @@ struct StepFeatures {
   double grad_comm_bus_factor = 0;  // nccl-tests: 2(n-1)/n all-reduce, (n-1)/n reduce-scatter
   double grad_comm_is_allreduce = 0; // 1: all-reduce (stage 0); 0: reduce-scatter
   double gather_bytes_micro = 0, gather_calls_micro = 0;    // stage-3 parameter all-gathers
+  double param_fetches_micro = 0;  // hooked parameter fetches per micro-batch (peer engines' stage 3)
   double post_step_gather_bytes = 0, post_step_gather_calls = 0;  // stage 1/2 updated params
   double gather_bus_factor = 0;     // (n-1)/n
   double link_bytes_per_s = 0;      // slowest link of the ring, before efficiency

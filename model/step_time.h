@@ -207,7 +207,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T grad_window = coef[kGradCommOverlapFrac] * bwd_s;
   const T copy_window = coef[kOffloadOverlapFrac] * bwd_s;
   const T gather_window = coef[kGatherOverlapFrac] * compute_s;
-  const T gather_exposed = max0(gather_s + param_up_s - gather_window);
+  // A peer engine's hooked fetches: host work on the launching thread, not hidden.
+  const T fetch_overhead_s = coef[kParamFetchOverheadS] * f.param_fetches_micro;
+  const T gather_exposed = max0(gather_s + param_up_s - gather_window) + fetch_overhead_s;
   T rs_exposed_micro = max0(rs_micro_s - grad_window);
   T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
   T d2h_exposed_boundary = max0(d2h_boundary_s - copy_window);
@@ -271,7 +273,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + (pipelined ? T(0.0) : post_gather_s);
   out.grad_comm_total_s = g * rs_micro_s + rs_boundary_s + post_gather_s;
   out.param_gather_s = g * gather_exposed;
-  out.param_gather_total_s = g * (gather_s + param_up_s);
+  out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
   out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary +
                          (pipelined ? tail_s - optimizer_exposed : upload_s);

@@ -292,7 +292,33 @@ int run_compare(CompareOptions& co) {
       req.global_batch = co.global_batch;
       req.overlap_forward = eng == Engine::kStepcast;
       const SearchResult res = search_plans(req);
-      if (res.ranked.empty()) continue;
+      // A pod of published size may be what holds a row back: the same search on the profile's
+      // whole-server host says whether a plan needing more host memory or cores runs faster.
+      if (offer.vcpus_per_gpu > 0 || offer.memory_bytes_per_gpu > 0) {
+        SearchRequest server = req;
+        server.limits.host_memory_bytes_node = 0;
+        server.limits.cpu_cores_node = 0;
+        const SearchResult on_server = search_plans(server);
+        if (!on_server.ranked.empty() &&
+            (res.ranked.empty() ||
+             on_server.ranked.front().throughput.tokens_per_s > 1.05 * res.ranked.front().throughput.tokens_per_s)) {
+          const Prediction& b = on_server.ranked.front();
+          const double gain = res.ranked.empty() ? 0.0
+                                                 : b.throughput.tokens_per_s / res.ranked.front().throughput.tokens_per_s - 1.0;
+          flags.push_back(kind + " x" + std::to_string(gpn * nodes) + " is pod-limited: on the profile's server host (" +
+                          fmt("%.0f", hw.host.cpu_cores_per_gpu * gpn) + " cores, " +
+                          format_gib(hw.host.memory_bytes_per_gpu * gpn) + " GiB) " + family_name(b.config) +
+                          " would run at " + fmt("%.0f", b.throughput.tokens_per_s) + " tokens/s" +
+                          (res.ranked.empty() ? std::string(" (nothing fits the pod)") : " (+" + fmt("%.0f", 100 * gain) + " %)") +
+                          "; the " + offer.provider + " pod has " + fmt("%.0f", offer.vcpus_per_gpu * gpn) + " vCPUs and " +
+                          format_gib(offer.memory_bytes_per_gpu * gpn) + " GiB");
+        }
+      }
+      if (res.ranked.empty()) {
+        for (const std::string& f : flags)
+          if (f.find("pod-limited") != std::string::npos) notes.push_back(f);
+        continue;
+      }
       CompareRow r;
       r.hardware = kind;
       r.provider = offer.provider;
@@ -318,7 +344,9 @@ int run_compare(CompareOptions& co) {
       rows.push_back(std::move(r));
     }
   }
-  if (rows.empty()) throw InputError("no GPU kind and count up to --max-gpus " + std::to_string(co.max_gpus) + " fits " + model.name);
+  if (rows.empty())
+    throw InputError("no GPU kind and count up to --max-gpus " + std::to_string(co.max_gpus) + " fits " + model.name +
+                     (notes.empty() ? std::string() : " (" + notes.front() + ")"));
   mark_pareto_front(rows);
   std::sort(rows.begin(), rows.end(), [](const CompareRow& a, const CompareRow& b) { return a.cost_usd < b.cost_usd; });
   const auto cheapest = cheapest_within(rows, co.deadline_hours * 3600.0);
@@ -434,6 +462,10 @@ int run_compare(CompareOptions& co) {
       if (std::find(v.begin(), v.end(), r.hardware) == v.end()) v.push_back(r.hardware);
     }
   for (const auto& [f, ks] : flagged) {
+    if (f.find(" is pod-limited: ") != std::string::npos) {
+      std::cout << "! " << f << "\n";
+      continue;
+    }
     std::string list;
     for (const auto& k : ks) list += (list.empty() ? "" : ", ") + k;
     std::cout << "! " << f << ": " << list << "\n";
@@ -667,9 +699,9 @@ int run_hardware(const std::string& dir_flag, bool json) {
   o.data_dir = dir_flag;
   nlohmann::json arr = nlohmann::json::array();
   std::ostringstream text;
-  text << "name            GPU                      memory  bf16 peak  HBM     link    calibrated\n";
+  text << "name            GPU                      memory  bf16 peak  HBM     link    calibrated  $/GPU-h  provider\n";
   text << "                                         GiB     TFLOP/s    TB/s\n";
-  text << "--------------  -----------------------  ------  ---------  ------  ------  ----------\n";
+  text << "--------------  -----------------------  ------  ---------  ------  ------  ----------  -------  ---------\n";
   for (const auto& name : list_hardware(data_dir(o))) {
     HardwareProfile hw = resolve_hardware(name, data_dir(o));
     arr.push_back({{"name", hw.name},
@@ -679,11 +711,19 @@ int run_hardware(const std::string& dir_flag, bool json) {
                    {"memory_bytes_per_s", hw.gpu.memory_bytes_per_s},
                    {"intra_node", hw.links.intra_node},
                    {"calibrated", hw.coefs_calibrated}});
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "%-14s  %-23s  %6.1f  %9.0f  %6.2f  %-6s  %s\n", hw.name.c_str(),
+    nlohmann::json prices = nlohmann::json::array();
+    for (const PriceOffer& p : hw.prices)
+      prices.push_back({{"provider", p.provider}, {"usd_per_gpu_hour", p.usd_per_gpu_hour}, {"kubernetes", p.kubernetes},
+                        {"includes_host", p.includes_host}, {"vcpus_per_gpu", p.vcpus_per_gpu},
+                        {"memory_bytes_per_gpu", p.memory_bytes_per_gpu}, {"source", p.source}, {"date", p.date}});
+    arr.back()["prices"] = prices;
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "%-14s  %-23s  %6.1f  %9.0f  %6.2f  %-6s  %-10s  %7s  %s\n", hw.name.c_str(),
                   hw.gpu.name.c_str(), hw.gpu.memory_bytes / kBytesPerGiB, hw.gpu.peak_bf16_flops_per_s / 1e12,
                   hw.gpu.memory_bytes_per_s / 1e12, hw.links.intra_node.c_str(),
-                  hw.coefs_calibrated ? "yes" : "no");
+                  hw.coefs_calibrated ? "yes" : "no",
+                  hw.prices.empty() ? "-" : fmt("%.2f", hw.prices.front().usd_per_gpu_hour).c_str(),
+                  hw.prices.empty() ? "-" : hw.prices.front().provider.c_str());
     text << buf;
   }
   std::cout << (json ? arr.dump(2) + "\n" : text.str());

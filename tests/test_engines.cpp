@@ -69,6 +69,56 @@ TEST_CASE("FSDP2 CPU offload uploads the fp32 shard in forward and backward, not
   CHECK(f.grad_host_bytes_micro == 0.0);
 }
 
+TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time with checkpointing (hand count)") {
+  // llama-2-7b's modules with parameters, as transformers registers them: q, k, v, o, gate, up,
+  // down and two RMSNorms per layer (9 x 32), the embedding, the final norm and the untied
+  // lm_head (3): 291. pythia-2.8b (gpt_neox): fused query_key_value, dense, dense_h_to_4h,
+  // dense_4h_to_h and two LayerNorms (6 x 32), embed_in, final_layer_norm, embed_out: 195.
+  const HardwareProfile hw = hardware("h200-sxm");
+  const ModelSpec llama = model("llama-2-7b");
+  const ModelSpec pythia = model("pythia-2.8b");
+  CHECK(llama.param_modules_per_layer() * llama.num_layers + llama.param_modules_outside_layers() == 291);
+  CHECK(pythia.param_modules_per_layer() * pythia.num_layers + pythia.param_modules_outside_layers() == 195);
+  TrainConfig c;
+  c.engine = Engine::kDeepSpeed;
+  c.zero_stage = 3;
+  c.gpus_per_node = 2;
+  c.micro_batch = 4;
+  c.gas = 2;
+  StepFeatures f = make_features(llama, hw, c).step;
+  CHECK(f.param_fetches_micro == 2.0 * 291);
+  CHECK(f.gather_calls_micro == 2.0 * 291);
+  CHECK(test::close(f.gather_bytes_micro, 2.0 * 2.0 * static_cast<double>(llama.total_params()), 1e-12));
+  c.activation_checkpointing = true;
+  f = make_features(pythia, hw, c).step;
+  CHECK(f.param_fetches_micro == 3.0 * 195);
+  CHECK(test::close(f.gather_bytes_micro, 3.0 * 2.0 * static_cast<double>(pythia.total_params()), 1e-12));
+  // One rank fetches too (the hooks run); no collective then.
+  c.gpus_per_node = 1;
+  CHECK(make_features(pythia, hw, c).step.param_fetches_micro == 3.0 * 195);
+  // Stage 2, FSDP2 and the Stepcast backend: none.
+  c.gpus_per_node = 2;
+  c.zero_stage = 2;
+  CHECK(make_features(llama, hw, c).step.param_fetches_micro == 0.0);
+  c.zero_stage = 3;
+  c.engine = Engine::kFsdp2;
+  CHECK(make_features(llama, hw, c).step.param_fetches_micro == 0.0);
+  c.engine = Engine::kStepcast;
+  const StepFeatures ours = make_features(llama, hw, c).step;
+  CHECK(ours.param_fetches_micro == 0.0);
+  CHECK(ours.gather_calls_micro == 2.0 * (llama.num_layers + 2));
+  // Each fetch's host time adds to the step, unhidden: the prediction grows by fetches x GAS x
+  // the coefficient when the coefficient moves from 0.
+  c.engine = Engine::kDeepSpeed;
+  c.activation_checkpointing = false;
+  const StepFeatures ds = make_features(llama, hw, c).step;
+  CoefVector k = for_engine(hw, "deepspeed").coefs;
+  k[kParamFetchOverheadS] = 0.0;
+  const double base_s = predict_step_time(ds, k.data()).step_s;
+  k[kParamFetchOverheadS] = 1e-3;
+  CHECK(predict_step_time(ds, k.data()).step_s == doctest::Approx(base_s + 2 * 582 * 1e-3).epsilon(1e-9));
+}
+
 TEST_CASE("an engine's constraints are checked where the configuration comes from") {
   TrainConfig c = offload(Engine::kFsdp2, 3, 1);
   c.offload_params = OffloadDevice::kNone;
