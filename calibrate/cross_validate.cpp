@@ -7,6 +7,7 @@
 #include <random>
 
 #include "calibrate/fit.h"
+#include "common/stats.h"
 #include "common/text_file.h"
 #include "model/prediction.h"
 
@@ -139,13 +140,6 @@ const std::vector<std::pair<std::string, std::function<std::string(const RunReco
       {"gpus", [](const RunRecord& r) { return std::to_string(r.config.world_size()); }},
   };
   return kGroups;
-}
-
-double conformal_q95(std::vector<double> abs_log) {
-  if (abs_log.empty()) return 0;
-  std::sort(abs_log.begin(), abs_log.end());
-  const size_t rank = static_cast<size_t>(std::ceil(0.95 * static_cast<double>(abs_log.size() + 1)));
-  return abs_log[std::min(rank, abs_log.size()) - 1];
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/stats.h"
 #include "common/text_file.h"
 #include "model/hardware.h"
 #include "model/prediction.h"
@@ -190,10 +191,7 @@ std::vector<Predicted> predict_all(const std::vector<PublishedSource>& sources, 
 double conformal_log_q95(const std::vector<Predicted>& predicted) {
   std::vector<double> r;
   for (const auto& x : predicted) r.push_back(std::abs(std::log(x.row->tokens_per_s_per_gpu / x.tokens_per_s_per_gpu)));
-  if (r.empty()) return 0;
-  std::sort(r.begin(), r.end());
-  const size_t k = std::min(r.size(), static_cast<size_t>(std::ceil(0.95 * static_cast<double>(r.size() + 1))));
-  return r[k - 1];
+  return conformal_q95(r);
 }
 
 }  // namespace

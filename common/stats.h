@@ -35,4 +35,15 @@ inline double kendall_tau_b(const std::vector<double>& x, const std::vector<doub
   return denom > 0 ? (concordant - discordant) / denom : 0.0;
 }
 
+// The split-conformal 95 % quantile of n scores (Vovk et al.; Lei et al. 2018, "Distribution-free
+// predictive inference for regression"): the ceil(0.95 (n + 1))-th smallest, the largest when
+// that rank passes n; 0 for none. A new score from the same distribution falls at or below it
+// with probability at least 95 %.
+inline double conformal_q95(std::vector<double> scores) {
+  if (scores.empty()) return 0;
+  std::sort(scores.begin(), scores.end());
+  const size_t rank = static_cast<size_t>(std::ceil(0.95 * static_cast<double>(scores.size() + 1)));
+  return scores[std::min(rank, scores.size()) - 1];
+}
+
 }  // namespace stepcast

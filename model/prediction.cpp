@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 
 namespace stepcast {
 
@@ -71,21 +72,47 @@ double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, dou
   return std::sqrt(sp * sp + sm * sm);
 }
 
-int unseen_dimensions(const IntervalModel& m, const std::string& model, const TrainConfig& c) {
+std::vector<OutsideDimension> outside_dimensions(const IntervalModel& m, const std::string& model,
+                                                 const TrainConfig& c) {
+  std::vector<OutsideDimension> out;
   const auto has = [](const auto& values, const auto& v) {
     return std::find(values.begin(), values.end(), v) != values.end();
   };
+  const auto list = [](const auto& v) {
+    std::ostringstream o;
+    for (size_t i = 0; i < v.size(); ++i) o << (i ? "/" : "") << v[i];
+    return "calibrated: " + o.str();
+  };
+  const auto integer = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+    return std::string(buf);
+  };
+  if (!has(m.models, model))
+    out.push_back({"model", model, "not one of the " + std::to_string(m.models.size()) + " calibrated"});
+  if (!has(m.zero_stages, static_cast<int64_t>(c.zero_stage)))
+    out.push_back({"ZeRO stage", std::to_string(c.zero_stage), list(m.zero_stages)});
   const std::string offload = offload_label(c);
-  int k = 0;
-  k += !has(m.models, model);
-  k += !has(m.zero_stages, static_cast<int64_t>(c.zero_stage));
-  k += !has(m.offloads, offload);
-  k += !has(m.precisions, std::string(precision_name(c.precision)));
-  k += !has(m.attentions, std::string(attention_name(c.attention)));
-  k += !has(m.world_sizes, static_cast<int64_t>(c.world_size()));
+  if (!has(m.offloads, offload)) out.push_back({"offload", offload, list(m.offloads)});
+  const std::string precision = precision_name(c.precision);
+  if (!has(m.precisions, precision)) out.push_back({"precision", precision, list(m.precisions)});
+  const std::string attention = attention_name(c.attention);
+  if (!has(m.attentions, attention)) out.push_back({"attention", attention, list(m.attentions)});
+  if (!has(m.world_sizes, static_cast<int64_t>(c.world_size())))
+    out.push_back({"GPUs", std::to_string(c.world_size()), list(m.world_sizes)});
+  if (c.nodes > 1) out.push_back({"nodes", std::to_string(c.nodes), "calibrated: 1", false});
   const double seq = static_cast<double>(c.seq_len);
-  k += seq < m.seq_min || seq > m.seq_max;
-  k += static_cast<double>(c.micro_batch) * seq > m.micro_tokens_max;
+  if (seq < m.seq_min || seq > m.seq_max)
+    out.push_back({"sequence", std::to_string(c.seq_len), "calibrated: " + integer(m.seq_min) + "-" + integer(m.seq_max)});
+  if (static_cast<double>(c.micro_batch) * seq > m.micro_tokens_max)
+    out.push_back({"micro-batch x sequence", integer(static_cast<double>(c.micro_batch) * seq) + " tokens",
+                   "calibrated: <= " + integer(m.micro_tokens_max)});
+  return out;
+}
+
+int unseen_dimensions(const IntervalModel& m, const std::string& model, const TrainConfig& c) {
+  int k = 0;
+  for (const OutsideDimension& d : outside_dimensions(m, model, c)) k += d.widens_interval ? 1 : 0;
   return k;
 }
 

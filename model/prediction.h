@@ -52,9 +52,23 @@ double step_time_std_s(const StepFeatures& f, const CoefVector& coefs,
 // Parameter uncertainty and the fit's model error, combined: sqrt(sp^2 + (e step)^2).
 double step_interval_std_s(const StepFeatures& f, const HardwareProfile& hw, double step_s);
 
+// One regime dimension of a configuration outside an interval model's region, as the planner
+// names it: "<name> <value> (<calibrated>)".
+struct OutsideDimension {
+  std::string name;        // "ZeRO stage", "sequence", ...
+  std::string value;       // the configuration's
+  std::string calibrated;  // "calibrated: 1/2", "not one of the 6 calibrated", ...
+  bool widens_interval = true;  // counted by unseen_dimensions (the node count is not: no fitted
+                                // run is on several nodes, and GPUs already names the world size)
+};
+
 // The regime dimensions of a configuration that lie outside an interval model's region: model,
 // ZeRO stage, offload, precision, attention, world size (each a value the fitted runs did not
-// have), sequence length outside their range, micro-batch x sequence beyond their largest.
+// have), nodes beyond one, sequence length outside their range, micro-batch x sequence beyond
+// their largest.
+std::vector<OutsideDimension> outside_dimensions(const IntervalModel& m, const std::string& model, const TrainConfig& c);
+
+// How many of those widen the interval (all but the node count).
 int unseen_dimensions(const IntervalModel& m, const std::string& model, const TrainConfig& c);
 
 // Half-width of the 95 % interval of log(step time): the seen quantile, plus the step to the

@@ -57,38 +57,13 @@ std::string fmt(const char* format, double v) {
 
 // The regime dimensions of a plan outside a calibrated profile's fitted runs (its interval
 // model's region), each as "name value (calibrated range)": what the prediction extrapolates
-// in. Node count counts too: every calibration run is on one node. Empty for profiles without
-// an interval model (uncalibrated ones say so in their header).
+// in. Empty for profiles without an interval model (uncalibrated ones say so in their header).
 static std::vector<std::string> extrapolated_dimensions(const HardwareProfile& hw, const std::string& model,
                                                         const TrainConfig& c) {
   std::vector<std::string> out;
-  const IntervalModel& m = hw.interval;
-  if (m.empty() || !hw.coefs_calibrated) return out;
-  const auto list = [](const auto& v) {
-    std::ostringstream o;
-    for (size_t i = 0; i < v.size(); ++i) o << (i ? "/" : "") << v[i];
-    return o.str();
-  };
-  const auto has = [](const auto& v, const auto& x) { return std::find(v.begin(), v.end(), x) != v.end(); };
-  if (!has(m.models, model))
-    out.push_back("model " + model + " (not one of the " + std::to_string(m.models.size()) + " calibrated)");
-  if (!has(m.zero_stages, static_cast<int64_t>(c.zero_stage)))
-    out.push_back("ZeRO stage " + std::to_string(c.zero_stage) + " (calibrated: " + list(m.zero_stages) + ")");
-  if (!has(m.offloads, offload_label(c))) out.push_back("offload " + offload_label(c) + " (calibrated: " + list(m.offloads) + ")");
-  if (!has(m.precisions, std::string(precision_name(c.precision))))
-    out.push_back(std::string("precision ") + precision_name(c.precision) + " (calibrated: " + list(m.precisions) + ")");
-  if (!has(m.attentions, std::string(attention_name(c.attention))))
-    out.push_back(std::string("attention ") + attention_name(c.attention) + " (calibrated: " + list(m.attentions) + ")");
-  if (!has(m.world_sizes, static_cast<int64_t>(c.world_size())))
-    out.push_back("GPUs " + std::to_string(c.world_size()) + " (calibrated: " + list(m.world_sizes) + ")");
-  if (c.nodes > 1) out.push_back("nodes " + std::to_string(c.nodes) + " (calibrated: 1)");
-  const double seq = static_cast<double>(c.seq_len);
-  if (seq < m.seq_min || seq > m.seq_max)
-    out.push_back("sequence " + std::to_string(c.seq_len) + " (calibrated: " + fmt("%.0f", m.seq_min) + "-" +
-                  fmt("%.0f", m.seq_max) + ")");
-  if (static_cast<double>(c.micro_batch) * seq > m.micro_tokens_max)
-    out.push_back("micro-batch x sequence " + fmt("%.0f", static_cast<double>(c.micro_batch) * seq) +
-                  " tokens (calibrated: <= " + fmt("%.0f", m.micro_tokens_max) + ")");
+  if (hw.interval.empty() || !hw.coefs_calibrated) return out;
+  for (const OutsideDimension& d : outside_dimensions(hw.interval, model, c))
+    out.push_back(d.name + " " + d.value + " (" + d.calibrated + ")");
   return out;
 }
 

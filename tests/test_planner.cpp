@@ -218,6 +218,18 @@ TEST_CASE("write_file_atomic: the whole text or nothing, no temporary left, one 
   fs::remove_all(dir);
 }
 
+TEST_CASE("the split-conformal 95 % quantile by hand") {
+  // n = 19: rank ceil(0.95 x 20) = 19, the largest. n = 39: ceil(0.95 x 40) = 38, the second
+  // largest. n = 10: ceil(10.45) = 11 > 10, the largest. None: 0.
+  std::vector<double> s19, s39;
+  for (int i = 1; i <= 19; ++i) s19.push_back(i);
+  for (int i = 39; i >= 1; --i) s39.push_back(i);  // unsorted on purpose
+  CHECK(conformal_q95(s19) == 19.0);
+  CHECK(conformal_q95(s39) == 38.0);
+  CHECK(conformal_q95({0.3, 0.1, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0}) == 1.0);
+  CHECK(conformal_q95({}) == 0.0);
+}
+
 TEST_CASE("Kendall's tau-b by hand, and the plans validate --sample chooses") {
   // x = 1..5, y = 3 1 2 5 4: of the 10 pairs, (1,2) (1,3) (4,5) are discordant, 7 concordant:
   // tau = (7 - 3) / 10.
