@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "doctest_after_glog.h"
 
+#include "backend/optim/nf4.h"
 #include "backend_test_util.h"
 
 using namespace stepcast;
@@ -433,3 +434,59 @@ TEST_CASE("8-bit AdamW: the SIMD encoders give the scalar encoder's codes (the n
 }
 
 int main(int argc, char** argv) { return stepcast::test::run_tests(argc, argv); }
+
+TEST_CASE("NF4: the normal quantiles, QLoRA's published levels, and block-wise absmax quantisation by hand") {
+  // Phi^-1 at known points: 0.5 -> 0; Phi(1) = 0.841344746068543 -> 1; 0.975 -> 1.959963984540054.
+  CHECK(nf4::normal_quantile(0.5) == doctest::Approx(0.0).epsilon(1e-14));
+  CHECK(nf4::normal_quantile(0.841344746068543) == doctest::Approx(1.0).epsilon(1e-12));
+  CHECK(nf4::normal_quantile(0.975) == doctest::Approx(1.959963984540054).epsilon(1e-12));
+  CHECK(nf4::normal_quantile(0.025) == doctest::Approx(-1.959963984540054).epsilon(1e-12));
+  // The NF4 data type as QLoRA publishes it (Dettmers et al. 2023, appendix E; the same values
+  // are bitsandbytes' NF4 code): the construction in nf4.h must give them. Float32 rounding of
+  // the reference's probabilities moves them by < 1e-6.
+  const double published[16] = {-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                                -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                                0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+                                0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0};
+  for (int i = 0; i < 16; ++i) {
+    CAPTURE(i);
+    CHECK(std::abs(nf4::levels()[static_cast<size_t>(i)] - published[i]) < 1e-6);
+  }
+  CHECK(nf4::levels()[7] == 0.0f);
+  // Nearest level: the midpoint between levels 8 and 9 (0.0796, 0.1609) is 0.12026.
+  CHECK(nf4::encode(0.0f) == 7);
+  CHECK(nf4::encode(1.0f) == 15);
+  CHECK(nf4::encode(-1.0f) == 0);
+  CHECK(nf4::encode(0.12f) == 8);
+  CHECK(nf4::encode(0.121f) == 9);
+  CHECK(nf4::encode(7.0f) == 15);
+  CHECK(nf4::encode(std::nanf("")) == 7);
+
+  // Two blocks of 64 and a tail of 3, against a dequantisation by hand: each value becomes the
+  // nearest level x its block's absmax; 0 stays 0, the absmax is exact, and no value moves by
+  // more than half the widest gap (levels 14 -> 15: (1 - 0.7230) / 2) x absmax.
+  std::vector<float> x(131);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * (i < 64 ? 2.0 : 0.5));
+  x[5] = 0.0f;
+  x[70] = -3.0f;  // the second block's absmax, negative
+  const nf4::Quantized q = nf4::quantize(x.data(), static_cast<int64_t>(x.size()));
+  REQUIRE(q.absmax.size() == 3);
+  REQUIRE(q.packed.size() == 66);
+  CHECK(q.absmax[1] == 3.0f);
+  std::vector<float> y(x.size());
+  nf4::dequantize(q, y.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    CAPTURE(i);
+    const float m = q.absmax[i / 64];
+    float best = 0.0f, best_err = 1e30f;
+    for (float l : nf4::levels())
+      if (std::abs(l * m - x[i]) < best_err) best_err = std::abs(l * m - x[i]), best = l * m;
+    CHECK(y[i] == doctest::Approx(best).epsilon(1e-6));
+    CHECK(std::abs(y[i] - x[i]) <= 0.5f * (1.0f - 0.7229568f) * m + 1e-6f);
+  }
+  CHECK(y[5] == 0.0f);
+  CHECK(y[70] == -3.0f);
+  // Packing: element 0 in the low nibble of byte 0, element 1 in its high nibble.
+  CHECK((q.packed[0] & 0x0F) == nf4::encode(x[0] / q.absmax[0]));
+  CHECK((q.packed[0] >> 4) == nf4::encode(x[1] / q.absmax[0]));
+}
