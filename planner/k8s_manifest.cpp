@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -103,8 +102,12 @@ void replica(std::ostringstream& o, const char* role, int replicas, const Manife
 }  // namespace
 
 std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, const ManifestRequest& req) {
-  static const std::regex dns1123("[a-z0-9]([-a-z0-9]*[a-z0-9])?");
-  if (req.job_name.size() > 50 || !std::regex_match(req.job_name, dns1123))
+  // A DNS-1123 label: lower-case letters, digits and '-', starting and ending alphanumeric.
+  const auto alnum = [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9'); };
+  const std::string& n = req.job_name;
+  const bool label = !n.empty() && n.size() <= 50 && alnum(n.front()) && alnum(n.back()) &&
+                     std::all_of(n.begin(), n.end(), [&](char ch) { return alnum(ch) || ch == '-'; });
+  if (!label)
     throw InputError("--job-name \"" + req.job_name +
                      "\" is not a Kubernetes name (lower-case letters, digits and '-', at most 50 characters)");
   if (req.image.empty()) throw InputError("--image is empty");

@@ -252,6 +252,8 @@ t 2 'deadline-hours 0.01: no plan finishes in time; the fastest' "$PLANNER" comp
 t 2 'budget-usd 0.5: no plan costs that little; the cheapest' "$PLANNER" compare --model 7b --train-tokens 1e9 --budget-usd 0.5
 t 2 'no \[\[prices\]\] offer of provider "acme"' "$PLANNER" compare --model 7b --train-tokens 1e9 --hardware h100-sxm --provider acme
 t 2 '--max-gpus' "$PLANNER" compare --model 7b --train-tokens 1e9 --max-gpus 0
+t 2 '--job-name "Bad_Name" is not a Kubernetes name' "$PLANNER" compare --model 7b --train-tokens 1e9 --k8s-manifest "$TMP/out.file" --job-name Bad_Name
+t 2 '--job-name "-job" is not a Kubernetes name' "$PLANNER" compare --model 7b --train-tokens 1e9 --k8s-manifest "$TMP/out.file" --job-name=-job
 t 2 'x.svg: cannot write' "$PLANNER" compare --model 7b --train-tokens 1e9 --svg /nonexistent/dir/x.svg
 # --- engines: flags and their constraints ---
 t 2 '--engine "megatron"' "$PLANNER" explain --model 7b --engine megatron
