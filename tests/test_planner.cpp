@@ -278,7 +278,7 @@ TEST_CASE("the Accelerate FSDP2 config of a plan") {
 
 TEST_CASE("a plan names the regime dimensions it extrapolates in, with the calibrated range") {
   // The committed h200-sxm interval model: its fitted runs are on 1 and 2 GPUs of one node,
-  // sequences 512-8192 (mistral-7b at 512 since session 12) (data/hardware/h200-sxm.toml, [coefficients.interval]).
+  // sequences 512-8192 (data/hardware/h200-sxm.toml, [coefficients.interval]).
   const ModelSpec m = test::model("llama-2-7b");
   const HardwareProfile hw = test::hardware("h200-sxm");
   const ReportContext ctx{&m, &hw, 0};
