@@ -57,15 +57,6 @@ struct Flags {
   bool quick = false;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 class Bench {
  public:
   // `out`: the JSONL records are appended to (rank 0), empty on the other ranks.
@@ -159,7 +150,7 @@ void print_ratios(const std::vector<nlohmann::json>& recs) {
 // counts, deduplicated.
 std::set<std::array<int64_t, 3>> gemm_shapes(const Flags& f, const std::filesystem::path& dir) {
   std::set<std::array<int64_t, 3>> shapes;
-  const std::vector<std::string> models = f.quick ? std::vector<std::string>{"test-llama-tiny"} : split(f.models);
+  const std::vector<std::string> models = f.quick ? std::vector<std::string>{"test-llama-tiny"} : split_comma_list(f.models);
   const std::vector<int64_t> tokens = f.quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{2048, 8192, 16384};
   for (const auto& name : models) {
     const ModelSpec spec = resolve_model(name, dir);
@@ -357,7 +348,7 @@ int run_rank(const Flags& f) {
 
   std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
 
-  const std::vector<std::string> suites = split(f.suites);
+  const std::vector<std::string> suites = split_comma_list(f.suites);
   for (const auto& s : suites)
     if (s != "compute" && s != "collectives" && s != "offload" && s != "optimizer")
       throw InputError("--suite \"" + s + "\" is not valid (valid: compute, collectives, offload, optimizer)");

@@ -7,6 +7,9 @@
 
 #include <cstdio>
 #include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -25,6 +28,16 @@ inline std::optional<int> parse_cli(CLI::App& app, int argc, char** argv, const 
     return kExitBadInput;
   }
   return std::nullopt;
+}
+
+// The items of a comma-separated flag value ("a,b,,c" -> a, b, c): empty items are dropped.
+inline std::vector<std::string> split_comma_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
 }
 
 }  // namespace stepcast

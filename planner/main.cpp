@@ -213,15 +213,6 @@ struct CompareOptions {
   ManifestRequest manifest;
 };
 
-std::vector<std::string> split_list(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 std::string hours_text(double s) { return fmt("%.1f", s / 3600.0); }
 
 // `planner compare`: each GPU kind x GPU count, its best plan, the run's wall-clock and cost.
@@ -238,7 +229,7 @@ int run_compare(CompareOptions& co) {
   if (!co.k8s_manifest.empty()) check_output_path(co.k8s_manifest);
   const auto overrides = parse_price_overrides(co.prices);
   const std::filesystem::path dir = data_dir(o);
-  std::vector<std::string> kinds = co.hardware_list.empty() ? list_hardware(dir) : split_list(co.hardware_list);
+  std::vector<std::string> kinds = co.hardware_list.empty() ? list_hardware(dir) : split_comma_list(co.hardware_list);
   if (kinds.empty()) throw InputError("--hardware \"" + co.hardware_list + "\" names no profile");
   for (const auto& [kind, usd] : overrides)
     if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
