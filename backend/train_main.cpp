@@ -43,7 +43,9 @@ struct Flags {
   int stage = 0, nproc = 1;
   std::string offload_optimizer = "none", offload_params = "none", optimizer = "adamw", precision = "bf16",
               checkpointing = "off", offload_pipeline = "on", split_master = "on", cpu_simd = "auto",
-              cpu_bind = "on";
+              cpu_bind = "on", peft = "none", lora_targets = "all";
+  int64_t lora_rank = 16;
+  double lora_alpha = 16.0, lora_dropout = 0.0;
   int64_t micro_batch = 1, gas = 1, seq = 2048, steps = 10, warmup = 2;
   int cpu_threads = 0;
   double lr = 3e-4, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95;
@@ -79,6 +81,11 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
   if (given("--split-master")) c.split_master = parse_on_off(f.split_master, "--split-master");
   if (given("--cpu-simd")) c.cpu_simd = parse_cpu_simd(f.cpu_simd, "--cpu-simd");
   if (given("--cpu-bind")) c.cpu_bind = parse_on_off(f.cpu_bind, "--cpu-bind");
+  if (given("--peft")) c.peft = parse_peft(f.peft, "--peft");
+  if (given("--lora-rank")) c.lora_rank = f.lora_rank;
+  if (given("--lora-alpha")) c.lora_alpha = f.lora_alpha;
+  if (given("--lora-targets")) c.lora_targets = parse_lora_targets(f.lora_targets, "--lora-targets");
+  if (given("--lora-dropout")) c.lora_dropout = f.lora_dropout;
   if (given("--checkpointing")) {
     if (f.checkpointing != "on" && f.checkpointing != "off")
       throw InputError("--checkpointing \"" + f.checkpointing + "\" is not valid (valid: on, off)");
@@ -217,6 +224,11 @@ int run_rank(const Flags& f, const CLI::App& app) {
                             {"bound", cpus_bound()},
                             {"split_master", engine->splits_master()}};
   }
+  if (lead && !f.quiet && cfg.peft_enabled())
+    std::printf("peft: %s rank %lld on %s projections, alpha %g, dropout %g: %lld trainable of %lld parameters\n",
+                peft_name(cfg.peft), static_cast<long long>(cfg.lora_rank), lora_targets_name(cfg.lora_targets),
+                cfg.lora_alpha, cfg.lora_dropout, static_cast<long long>(engine->num_params()),
+                static_cast<long long>(engine->num_frozen_params() + engine->num_params()));
   if (lead && !f.quiet) {
     std::printf("train: %s (%lld parameters), %s, stage %d, offload %s/%s, %s, micro-batch %lld x GAS %lld x %d ranks, seq %lld%s\n",
                 spec.name.c_str(), static_cast<long long>(engine->num_params()), rt->device_name().c_str(), cfg.zero_stage,
@@ -336,6 +348,15 @@ int main_impl(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cpu-bind", f.cpu_bind, "on | off: bind each rank and its CPU optimizer threads to its cores")
       ->capture_default_str();
+  app.add_option("--peft", f.peft,
+                 "none | lora | qlora: train low-rank adapters on frozen base weights (qlora: stored in 4-bit NF4)")
+      ->capture_default_str();
+  app.add_option("--lora-rank", f.lora_rank, "LoRA rank r")->capture_default_str();
+  app.add_option("--lora-alpha", f.lora_alpha, "LoRA alpha (the adapters' output is scaled by alpha / r)")
+      ->capture_default_str();
+  app.add_option("--lora-targets", f.lora_targets, "attention | mlp | all: the projections that carry adapters")
+      ->capture_default_str();
+  app.add_option("--lora-dropout", f.lora_dropout, "dropout on the adapters' input")->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps to run")->capture_default_str();
   app.add_option("--warmup", f.warmup, "first steps flagged as warm-up in the JSONL")->capture_default_str();
   app.add_option("--cpu-threads", f.cpu_threads,

@@ -66,6 +66,10 @@ ConfigFieldNames json_config_names(const std::string& where) {
   n.gpus = where + ".gpus";
   n.nodes = where + ".nodes";
   n.engine = where + ".engine";
+  n.peft = where + ".peft";
+  n.lora_rank = where + ".lora_rank";
+  n.lora_alpha = where + ".lora_alpha";
+  n.lora_dropout = where + ".lora_dropout";
   n.offload_order = where + ".offload_pipeline";
   return n;
 }
@@ -95,6 +99,20 @@ void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
   in_range(c.gpus_per_node, n.gpus, 4096, "4096");
   in_range(c.nodes, n.nodes, 65536, "65536");
   const std::string engine = n.engine + " " + engine_name(c.engine);
+  if (c.peft_enabled()) {
+    const std::string peft = n.peft + " " + peft_name(c.peft);
+    if (c.engine != Engine::kStepcast)
+      throw InputError(peft + " is planned and run for " + n.engine + " stepcast only (got " + engine_name(c.engine) +
+                       ")");
+    if (c.offload_params == OffloadDevice::kCpu)
+      throw InputError(peft + " keeps the frozen base weights on the GPU: " + n.offload_params + " must be none");
+    if (c.lora_rank < 1 || c.lora_rank > 4096)
+      throw InputError(n.lora_rank + " " + std::to_string(c.lora_rank) + " is out of range [1, 4096]");
+    if (!(c.lora_alpha > 0.0) || c.lora_alpha > 1e6)
+      throw InputError(n.lora_alpha + " " + std::to_string(c.lora_alpha) + " is out of range (0, 1e6]");
+    if (!(c.lora_dropout >= 0.0 && c.lora_dropout < 1.0))
+      throw InputError(n.lora_dropout + " " + std::to_string(c.lora_dropout) + " is out of range [0, 1)");
+  }
   if (c.engine == Engine::kDeepSpeed && c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline)
     throw InputError(engine + " runs its CPU optimizer after the backward: " + n.offload_order +
                      " must be off (got " + offload_pipeline_name(c) + ")");
@@ -136,6 +154,38 @@ Engine parse_engine(const std::string& text, const std::string& what) {
   throw InputError(what + " \"" + text + "\" is not valid (valid: stepcast, deepspeed, fsdp2)");
 }
 
+const char* peft_name(PeftKind p) {
+  switch (p) {
+    case PeftKind::kNone: return "none";
+    case PeftKind::kLora: return "lora";
+    case PeftKind::kQlora: return "qlora";
+  }
+  return "?";
+}
+
+PeftKind parse_peft(const std::string& text, const std::string& what) {
+  if (text == "none") return PeftKind::kNone;
+  if (text == "lora") return PeftKind::kLora;
+  if (text == "qlora") return PeftKind::kQlora;
+  throw InputError(what + " \"" + text + "\" is not valid (valid: none, lora, qlora)");
+}
+
+const char* lora_targets_name(LoraTargets t) {
+  switch (t) {
+    case LoraTargets::kAttention: return "attention";
+    case LoraTargets::kMlp: return "mlp";
+    case LoraTargets::kAll: return "all";
+  }
+  return "?";
+}
+
+LoraTargets parse_lora_targets(const std::string& text, const std::string& what) {
+  if (text == "attention") return LoraTargets::kAttention;
+  if (text == "mlp") return LoraTargets::kMlp;
+  if (text == "all") return LoraTargets::kAll;
+  throw InputError(what + " \"" + text + "\" is not valid (valid: attention, mlp, all)");
+}
+
 const char* offload_pipeline_name(const TrainConfig& c) {
   if (!c.offload_pipeline) return "off";
   return c.offload_overlap_forward ? "full" : "on";
@@ -160,6 +210,8 @@ std::string family_name(const TrainConfig& c) {
     out += c.offload_pipeline ? " + CPU optimizer offload" : " + serial CPU optimizer offload";
   if (c.offload_params == OffloadDevice::kCpu) out += " + CPU parameter offload";
   out += c.optimizer == OptimizerKind::kAdamW8bit ? " + 8-bit AdamW" : " + AdamW";
+  if (c.peft == PeftKind::kLora) out += " + LoRA";
+  if (c.peft == PeftKind::kQlora) out += " + QLoRA";
   return out;
 }
 

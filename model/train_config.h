@@ -20,6 +20,15 @@ enum class CpuSimd { kAuto, kScalar, kAvx2, kAvx512 };  // the CPU optimizer's i
 // collectives and optimizer work (step_features.cpp) and selects the profile's engine
 // coefficients ([engines.NAME], hardware.h).
 enum class Engine { kStepcast, kDeepSpeed, kFsdp2 };
+// Parameter-efficient fine-tuning (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large
+// Language Models"; Dettmers et al. 2023, "QLoRA"): the base weights are frozen (kQlora:
+// stored as 4-bit NormalFloat, dequantised on the fly) and each targeted projection W gains
+// a trainable low-rank update (alpha / r) B A, B (out x r) starting at zero, A (r x in).
+// Only the adapters have gradients, optimizer states and ZeRO-partitioned updates.
+enum class PeftKind { kNone, kLora, kQlora };
+// Which projections of each decoder layer carry adapters: the attention's (q, k, v and the
+// output projection), the MLP's (gate/up and down), or both.
+enum class LoraTargets { kAttention, kMlp, kAll };
 
 struct TrainConfig {
   int zero_stage = 0;  // 0..3
@@ -54,7 +63,15 @@ struct TrainConfig {
   CpuSimd cpu_simd = CpuSimd::kAuto;
   bool cpu_bind = true;
   Engine engine = Engine::kStepcast;
+  PeftKind peft = PeftKind::kNone;
+  int64_t lora_rank = 16;
+  LoraTargets lora_targets = LoraTargets::kAll;
+  // The adapters' scale alpha / r and the dropout on their input: training behaviour that
+  // the cost model does not read (the dropout's mask is one elementwise pass per adapter).
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.0;
 
+  bool peft_enabled() const { return peft != PeftKind::kNone; }
   int world_size() const { return gpus_per_node * nodes; }
   int64_t global_batch() const { return micro_batch * gas * world_size(); }
 };
@@ -65,6 +82,10 @@ const char* attention_name(AttentionKind a);
 const char* cpu_simd_name(CpuSimd s);
 const char* engine_name(Engine e);
 Engine parse_engine(const std::string& text, const std::string& what);
+const char* peft_name(PeftKind p);
+PeftKind parse_peft(const std::string& text, const std::string& what);
+const char* lora_targets_name(LoraTargets t);
+LoraTargets parse_lora_targets(const std::string& text, const std::string& what);
 CpuSimd parse_cpu_simd(const std::string& text, const std::string& what);
 // "on" / "off" settings of flags and keys; `what` names the flag or key in the error.
 bool parse_on_off(const std::string& text, const std::string& what);
@@ -84,7 +105,8 @@ void parse_offload_pipeline(const std::string& text, const std::string& what, Tr
 struct ConfigFieldNames {
   std::string stage = "--stage", offload_optimizer = "--offload-optimizer", offload_params = "--offload-params",
               offload_pipeline = "--offload-pipeline", micro_batch = "--micro-batch", gas = "--gas", seq = "--seq",
-              gpus = "--gpus", nodes = "--nodes", engine = "--engine",
+              gpus = "--gpus", nodes = "--nodes", engine = "--engine", peft = "--peft", lora_rank = "--lora-rank",
+              lora_alpha = "--lora-alpha", lora_dropout = "--lora-dropout",
               offload_order = "--offload-pipeline";  // whether the CPU optimizer is pipelined
 };
 // `where` + ".zero_stage" and so on (train_config_json.h's keys).

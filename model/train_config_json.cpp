@@ -28,6 +28,13 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   if (c.cpu_simd != CpuSimd::kAuto) j["cpu_simd"] = cpu_simd_name(c.cpu_simd);
   if (!c.cpu_bind) j["cpu_bind"] = false;
   if (c.engine != Engine::kStepcast) j["engine"] = engine_name(c.engine);
+  if (c.peft_enabled()) {
+    j["peft"] = peft_name(c.peft);
+    j["lora_rank"] = c.lora_rank;
+    j["lora_targets"] = lora_targets_name(c.lora_targets);
+    j["lora_alpha"] = c.lora_alpha;
+    j["lora_dropout"] = c.lora_dropout;
+  }
   return j;
 }
 
@@ -82,6 +89,15 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     if (j.contains("cpu_simd")) c.cpu_simd = parse_cpu_simd(j.at("cpu_simd").get<std::string>(), where + ".cpu_simd");
     c.cpu_bind = boolean_key(j, "cpu_bind", where, true, false);
     if (j.contains("engine")) c.engine = parse_engine(j.at("engine").get<std::string>(), where + ".engine");
+    if (j.contains("peft")) {
+      c.peft = parse_peft(j.at("peft").get<std::string>(), where + ".peft");
+      if (c.peft_enabled()) {
+        c.lora_rank = integer_key(j, "lora_rank", where, -(int64_t{1} << 40), int64_t{1} << 40);
+        c.lora_targets = parse_lora_targets(j.at("lora_targets").get<std::string>(), where + ".lora_targets");
+        c.lora_alpha = j.at("lora_alpha").get<double>();
+        c.lora_dropout = j.at("lora_dropout").get<double>();
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw InputError(where + ": " + e.what());
   }
@@ -113,7 +129,10 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          (c.offload_overlap_forward ? " overlap-fwd" : "") + (c.split_master ? "" : " split=off") +
          (c.cpu_simd == CpuSimd::kAuto ? "" : std::string(" simd=") + cpu_simd_name(c.cpu_simd)) +
          (c.cpu_bind ? "" : " bind=off") +
-         (c.engine == Engine::kStepcast ? "" : std::string(" engine=") + engine_name(c.engine));
+         (c.engine == Engine::kStepcast ? "" : std::string(" engine=") + engine_name(c.engine)) +
+         (c.peft_enabled() ? std::string(" peft=") + peft_name(c.peft) + " r" + std::to_string(c.lora_rank) + " " +
+                                 lora_targets_name(c.lora_targets) + (c.lora_dropout > 0 ? " dropout" : "")
+                           : "");
 }
 
 }  // namespace stepcast

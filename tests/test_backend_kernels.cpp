@@ -5,6 +5,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "doctest_after_glog.h"
 
+#include "backend/engine/nf4_tensor.h"
+#include "backend/engine/transformer.h"
 #include "backend/optim/nf4.h"
 #include "backend_test_util.h"
 
@@ -489,4 +491,117 @@ TEST_CASE("NF4: the normal quantiles, QLoRA's published levels, and block-wise a
   // Packing: element 0 in the low nibble of byte 0, element 1 in its high nibble.
   CHECK((q.packed[0] & 0x0F) == nf4::encode(x[0] / q.absmax[0]));
   CHECK((q.packed[0] >> 4) == nf4::encode(x[1] / q.absmax[0]));
+}
+
+TEST_CASE("NF4 on tensors: quantize_into and dequantize equal the scalar reference (optim/nf4.h)") {
+  torch::manual_seed(11);
+  const int64_t n = 64 * 40;
+  torch::Tensor x = torch::randn({n}) * 0.02;
+  x.narrow(0, 64, 64).zero_();  // a block of zeros: absmax 0, every code the zero level
+  torch::Tensor codes = torch::empty({n / 2}, torch::kByte), absmax = torch::empty({n / nf4::kBlock});
+  nf4::quantize_into(x, codes, absmax);
+  const nf4::Quantized ref = nf4::quantize(x.data_ptr<float>(), n);
+  for (int64_t i = 0; i < n / 2; ++i) {
+    CAPTURE(i);
+    REQUIRE(codes[i].item<uint8_t>() == ref.packed[static_cast<size_t>(i)]);
+  }
+  for (int64_t b = 0; b < n / nf4::kBlock; ++b) CHECK(absmax[b].item<float>() == ref.absmax[static_cast<size_t>(b)]);
+  std::vector<float> deq(static_cast<size_t>(n));
+  nf4::dequantize(ref, deq.data());
+  const torch::Tensor mine = nf4::dequantize(codes, absmax, torch::kFloat);
+  CHECK(torch::equal(mine, torch::from_blob(deq.data(), {n}, torch::kFloat)));
+  if (torch::cuda::is_available()) {
+    // The CUDA kernel: the same values (a product of two floats, rounded once).
+    const torch::Tensor on_gpu = nf4::dequantize(codes.cuda(), absmax.cuda(), torch::kFloat).cpu();
+    CHECK(torch::equal(on_gpu, mine));
+    const torch::Tensor bf16 = nf4::dequantize(codes.cuda(), absmax.cuda(), torch::kBFloat16).cpu();
+    CHECK(torch::equal(bf16, mine.to(torch::kBFloat16)));
+  }
+}
+
+TEST_CASE("NF4 linear: forward and input gradient equal a dense product with the dequantised weight") {
+  torch::manual_seed(12);
+  const int64_t out = 96, in = 128;
+  torch::Tensor w = torch::randn({out * in}) * 0.05;
+  torch::Tensor codes = torch::empty({out * in / 2}, torch::kByte), absmax = torch::empty({out * in / 64});
+  nf4::quantize_into(w, codes, absmax);
+  const torch::Tensor dense = nf4::dequantize(codes, absmax, torch::kFloat).view({out, in});
+  torch::Tensor x = torch::randn({3, 5, in}).requires_grad_(true);
+  torch::Tensor x2 = x.detach().clone().requires_grad_(true);
+  torch::Tensor g = torch::randn({3, 5, out});
+  torch::Tensor y = nf4::linear(x, codes, absmax, out, in);
+  torch::Tensor y2 = torch::matmul(x2, dense.t());
+  CHECK(torch::allclose(y, y2, 1e-6, 1e-6));
+  (y * g).sum().backward();
+  (y2 * g).sum().backward();
+  CHECK(torch::allclose(x.grad(), x2.grad(), 1e-6, 1e-6));
+  CHECK(!codes.requires_grad());
+}
+
+namespace {
+
+// A layer unit of test-llama-tiny: the base weights in one flat buffer (fp64), random.
+struct TinyLayer {
+  ModelSpec spec = resolve_model("test-llama-tiny", test::data_dir());
+  UnitLayout base = build_layout(spec, 1).at(1);
+  torch::Tensor flat;
+  TinyLayer() {
+    torch::manual_seed(13);
+    flat = torch::randn({base.padded_numel}, torch::kDouble) * 0.1;
+    for (const ParamSlot& p : base.params)
+      if (p.name.find("norm") != std::string::npos) flat.narrow(0, p.offset, p.numel).fill_(1.0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("LoRA: a layer with adapters equals the layer with merged weights W + (alpha/r) B A, gradients too") {
+  // Hu et al. 2021, eq. 3: h = W0 x + (alpha / r) B A x. The adapters' gradients follow from
+  // the merged weight's G = dL/dW: dL/dB = (alpha/r) G A^T, dL/dA = (alpha/r) B^T G.
+  for (LoraTargets targets : {LoraTargets::kAll, LoraTargets::kAttention, LoraTargets::kMlp}) {
+    CAPTURE(lora_targets_name(targets));
+    TinyLayer t;
+    const int64_t r = 4;
+    const double alpha = 8.0, s = alpha / r;
+    const UnitLayout adapters = build_adapter_layout({t.base}, r, targets, 1).at(0);
+    torch::Tensor aflat = torch::randn({adapters.padded_numel}, torch::kDouble) * 0.1;  // B nonzero too
+    UnitParams frozen = make_views(t.base, t.flat, false);
+    UnitParams p = make_views(adapters, aflat, true);
+    p.frozen = &frozen;
+    // The merged weights, trainable, for the reference.
+    torch::Tensor merged = t.flat.clone();
+    for (const ParamSlot& w : t.base.params) {
+      if (!lora_targeted(w.name, targets)) continue;
+      const std::string stem = w.name.substr(0, w.name.size() - 7);
+      torch::Tensor dw = torch::matmul(p[stem + ".lora_b"].detach(), p[stem + ".lora_a"].detach()) * s;
+      merged.narrow(0, w.offset, w.numel).add_(dw.view({-1}));
+    }
+    UnitParams m = make_views(t.base, merged, true);
+    Transformer lora(t.spec, torch::kCPU, LoraSettings{s, 0.0}), plain(t.spec, torch::kCPU);
+    torch::Tensor x = torch::randn({2, 7, t.spec.hidden_size}, torch::kDouble).requires_grad_(true);
+    torch::Tensor x2 = x.detach().clone().requires_grad_(true);
+    torch::Tensor g = torch::randn({2, 7, t.spec.hidden_size}, torch::kDouble);
+    torch::Tensor y = lora.layer(p, x), y2 = plain.layer(m, x2);
+    CHECK(torch::allclose(y, y2, 1e-12, 1e-12));
+    (y * g).sum().backward();
+    (y2 * g).sum().backward();
+    CHECK(torch::allclose(x.grad(), x2.grad(), 1e-12, 1e-12));
+    int adapted = 0;
+    for (const ParamSlot& w : t.base.params) {
+      const std::string stem = w.name.substr(0, w.name.size() - 7);
+      if (!lora_targeted(w.name, targets)) {
+        CHECK(!adapters.params.empty());
+        continue;
+      }
+      ++adapted;
+      CAPTURE(stem);
+      const torch::Tensor G = m[w.name].grad();
+      const torch::Tensor A = p[stem + ".lora_a"].detach(), B = p[stem + ".lora_b"].detach();
+      CHECK(torch::allclose(p[stem + ".lora_b"].grad(), s * torch::matmul(G, A.t()), 1e-12, 1e-12));
+      CHECK(torch::allclose(p[stem + ".lora_a"].grad(), s * torch::matmul(B.t(), G), 1e-12, 1e-12));
+    }
+    CHECK(adapted == (targets == LoraTargets::kAll ? 4 : 2));
+    // The frozen weights get no gradient.
+    for (const torch::Tensor& f : frozen.tensors) CHECK(!f.grad().defined());
+  }
 }

@@ -20,6 +20,7 @@ ncclDataType_t nccl_type(const torch::Tensor& t) {
     case torch::kFloat: return ncclFloat32;
     case torch::kBFloat16: return ncclBfloat16;
     case torch::kHalf: return ncclFloat16;
+    case torch::kByte: return ncclUint8;  // QLoRA's 4-bit codes, gathered at stage 3
     default: throw InternalError("NCCL: unsupported dtype");
   }
 }

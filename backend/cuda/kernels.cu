@@ -324,4 +324,39 @@ void adamw(float* master, float* exp_avg, float* exp_avg_sq, const void* grad, D
   CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+struct Nf4Levels {
+  float v[16];
+};
+
+template <class T>
+__global__ void nf4_dequantize_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
+                                      T* __restrict__ out, int64_t bytes, Nf4Levels levels) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < bytes; j += stride) {
+    const uint8_t c = codes[j];
+    const float scale = absmax[(2 * j) / 64];  // both values of a byte share a 64-value block
+    out[2 * j] = static_cast<T>(levels.v[c & 0xF] * scale);
+    out[2 * j + 1] = static_cast<T>(levels.v[c >> 4] * scale);
+  }
+}
+
+}  // namespace
+
+void nf4_dequantize(const uint8_t* codes, const float* absmax, void* out, DType out_dtype, int64_t n,
+                    const float* levels, void* stream) {
+  if (n == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  Nf4Levels l;
+  for (int i = 0; i < 16; ++i) l.v[i] = levels[i];
+  const int64_t bytes = n / 2;
+  if (out_dtype == DType::kBFloat16)
+    nf4_dequantize_kernel<<<blocks_for(bytes, 256), 256, 0, s>>>(codes, absmax, static_cast<__nv_bfloat16*>(out),
+                                                                  bytes, l);
+  else
+    nf4_dequantize_kernel<<<blocks_for(bytes, 256), 256, 0, s>>>(codes, absmax, static_cast<float*>(out), bytes, l);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace stepcast::backend::kernels

@@ -27,4 +27,10 @@ void adamw8bit(float* master, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code, f
                int64_t n, const AdamWArgs& args, const Quant8Map& signed_map, const Quant8Map& unsigned_map,
                void* stream);
 
+// NF4 dequantisation (nf4.h): out[i] = levels[code i] x absmax[i / 64], codes two per byte
+// (value 2j in the low nibble of byte j); `levels` is the 16-entry code book (host memory,
+// passed by value); `out` in `out_dtype`. A grid-stride loop over the bytes.
+void nf4_dequantize(const uint8_t* codes, const float* absmax, void* out, DType out_dtype, int64_t n,
+                    const float* levels, void* stream);
+
 }  // namespace stepcast::backend::kernels

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "backend/engine/nf4_tensor.h"
 #include "backend/runtime/compat.h"
 #include "backend/optim/cpu_adamw.h"
 #include "backend/optim/quant8.h"
@@ -29,11 +30,19 @@ ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runt
       opts_(options),
       rt_(runtime),
       comm_(comm),
-      model_(spec, runtime.device()),
-      layout_(build_layout(spec, comm.world())),
+      model_(spec, runtime.device(),
+             LoraSettings{options.config.lora_alpha / static_cast<double>(options.config.lora_rank),
+                          options.config.peft_enabled() ? options.config.lora_dropout : 0.0}),
+      base_layout_(build_layout(spec, comm.world())),
       rank_(comm.rank()),
       world_(comm.world()) {
   validate_config(cfg_);
+  if (cfg_.peft_enabled()) {
+    frozen_layout_ = build_frozen_layout(base_layout_, cfg_.peft == PeftKind::kQlora, world_);
+    layout_ = build_adapter_layout(base_layout_, cfg_.lora_rank, cfg_.lora_targets, world_);
+  } else {
+    layout_ = base_layout_;
+  }
   if (cfg_.precision == Precision::kFp16)
     throw InputError("--precision fp16 is not supported by the backend (use bf16 or fp32)");
   work_dtype_ = cfg_.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
@@ -69,14 +78,19 @@ void ZeroEngine::init_parameters() {
     Unit& u = units_[i];
     u.layout = &layout_[i];
     const int64_t padded = u.layout->padded_numel, shard = u.layout->shard_numel();
-    // The same full initial weights on every rank, whatever the stage.
+    // The same full initial weights on every rank, whatever the stage (PEFT: the same base
+    // weights as a full run's, and adapters from a seed of their own).
     torch::Tensor init = torch::empty({padded}, torch::dtype(torch::kFloat).device(rt_.device()));
-    init_unit(*u.layout, init, opts_.seed * 1000003ULL + i, spec_.num_layers);
+    if (cfg_.peft_enabled()) init_frozen(i);
+    init_unit(*u.layout, init, (opts_.seed * 1000003ULL + i) ^ (cfg_.peft_enabled() ? 0x5bd1e995ULL : 0ULL),
+              spec_.num_layers);
     const torch::Tensor own = init.narrow(0, opt_offset(u), opt_numel(u));
 
     u.full = torch::empty({padded}, work_opts());
     u.full.copy_(init);
+    const UnitParams* frozen = u.leaves.frozen;
     u.leaves = make_views(*u.layout, u.full, /*requires_grad=*/true);
+    u.leaves.frozen = frozen;
     if (partition_.parameters) {
       if (param_offload()) {
         u.shard = torch::empty({shard}, host_opts(work_dtype_));
@@ -140,6 +154,54 @@ void ZeroEngine::init_parameters() {
   rt_.synchronize();
 }
 
+void ZeroEngine::init_frozen(size_t i) {
+  Unit& u = units_[i];
+  const UnitLayout& base = base_layout_[i];
+  const FrozenLayout& fl = frozen_layout_[i];
+  torch::Tensor init = torch::empty({base.padded_numel}, torch::dtype(torch::kFloat).device(rt_.device()));
+  init_unit(base, init, opts_.seed * 1000003ULL + i, spec_.num_layers);
+  const UnitLayout* parts[3] = {&fl.work, &fl.codes, &fl.absmax};
+  const torch::ScalarType types[3] = {work_dtype_, torch::kByte, torch::kFloat};
+  for (size_t k = 0; k < 3; ++k) {
+    if (parts[k]->numel == 0) continue;
+    u.frozen[k].layout = parts[k];
+    u.frozen[k].full = torch::zeros({parts[k]->padded_numel}, torch::dtype(types[k]).device(rt_.device()));
+  }
+  const auto base_of = [&](const ParamSlot& s) { return init.narrow(0, s.offset, s.numel); };
+  for (const ParamSlot& slot : fl.work.params)
+    u.frozen[0].full.narrow(0, slot.offset, slot.numel).copy_(base_of(base.param(slot.name)));
+  for (const ParamSlot& slot : fl.codes.params) {
+    const std::string weight = slot.name.substr(0, slot.name.size() - std::string(".nf4").size());
+    const ParamSlot& scale = fl.absmax.param(weight + ".absmax");
+    torch::Tensor codes = u.frozen[1].full.narrow(0, slot.offset, slot.numel);
+    torch::Tensor absmax = u.frozen[2].full.narrow(0, scale.offset, scale.numel);
+    nf4::quantize_into(base_of(base.param(weight)), codes, absmax);
+  }
+  // Views, chained after the adapters; at stage 3 each rank keeps its shard only.
+  const UnitParams* next = nullptr;
+  for (size_t k = 3; k-- > 0;) {
+    FrozenBuf& f = u.frozen[k];
+    if (f.layout == nullptr) continue;
+    f.views = make_views(*f.layout, f.full, /*requires_grad=*/false);
+    f.views.frozen = next;
+    next = &f.views;
+    if (partition_.parameters) {
+      f.shard = f.full.narrow(0, rank_ * f.layout->shard_numel(), f.layout->shard_numel()).clone();
+      compat::free_storage(f.full);
+    }
+  }
+  u.leaves.frozen = next;  // make_views of the adapters (init_parameters) keeps it: set again there
+}
+
+void ZeroEngine::seed_dropout(size_t unit) const {
+  // One seed per (step, micro-batch, unit, rank): the recompute under checkpointing draws the mask
+  // its forward drew, and the ranks draw different masks.
+  if (!(cfg_.peft_enabled() && cfg_.lora_dropout > 0.0)) return;
+  const uint64_t key = ((static_cast<uint64_t>(step_) * 1000003ULL + static_cast<uint64_t>(micro_)) * 100003ULL +
+                        unit) * 4099ULL + static_cast<uint64_t>(rank_);
+  torch::manual_seed(opts_.seed ^ (key * 0x9E3779B97F4A7C15ULL));
+}
+
 // --- stage 3: gather, wait, release -------------------------------------------
 void ZeroEngine::gather(size_t i) {
   Unit& u = units_[i];
@@ -152,6 +214,11 @@ void ZeroEngine::gather(size_t i) {
     comm_.all_gather(own, u.full);
   } else {
     comm_.all_gather(u.shard, u.full);
+  }
+  for (FrozenBuf& f : u.frozen) {
+    if (f.layout == nullptr) continue;
+    compat::alloc_storage(f.full, static_cast<size_t>(f.layout->padded_numel) * f.full.element_size());
+    comm_.all_gather(f.shard, f.full);
   }
   u.ready_event = rt_.record_comm_event();
   u.gathered = true;
@@ -167,6 +234,8 @@ void ZeroEngine::release(size_t i) {
   Unit& u = units_[i];
   if (!u.gathered) return;
   compat::free_storage(u.full);
+  for (FrozenBuf& f : u.frozen)
+    if (f.layout != nullptr) compat::free_storage(f.full);
   u.gathered = false;
 }
 
@@ -313,6 +382,7 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   StepMarks marks = begin_step();
   torch::Tensor loss_sum = torch::zeros({1}, torch::dtype(torch::kFloat).device(rt_.device()));
   for (int64_t mb = 0; mb < cfg_.gas; ++mb) {
+    micro_ = mb;
     const bool boundary = mb == cfg_.gas - 1;
     MicroMarks mm{};
     mm.start = rt_.mark();
@@ -390,8 +460,10 @@ std::vector<ZeroEngine::Saved> ZeroEngine::forward(const torch::Tensor& batch, b
         saved[i].out = model_.head_loss(p, saved[i].x_in, targets);
       } else if (cfg_.activation_checkpointing) {
         torch::NoGradGuard no_grad;
+        seed_dropout(i);
         saved[i].out = model_.layer(p, saved[i].x_in);
       } else {
+        seed_dropout(i);
         saved[i].out = model_.layer(p, saved[i].x_in);
       }
     }
@@ -415,7 +487,10 @@ void ZeroEngine::backward(std::vector<Saved>& saved, bool boundary, StepMarks& m
     Saved& sv = saved[k];
     if (ul.kind == UnitKind::kHead) {
       torch::autograd::backward({sv.out});
+    } else if (ul.kind == UnitKind::kEmbedding && !sv.out.requires_grad()) {
+      // PEFT: a frozen embedding has nothing to differentiate (its gradient buffer stays zero).
     } else if (ul.kind == UnitKind::kLayer && cfg_.activation_checkpointing) {
+      seed_dropout(k);
       torch::Tensor out = model_.layer(units_[k].leaves, sv.x_in);  // recompute
       torch::autograd::backward({out}, {grad_out});
     } else {
@@ -531,6 +606,10 @@ CheckpointIdentity ZeroEngine::checkpoint_identity() const {
               {"offload_optimizer", offload_name(cfg_.offload_optimizer)},
               {"offload_params", offload_name(cfg_.offload_params)},
               {"split_master", splits_master()}};
+  if (cfg_.peft_enabled())
+    id.state.update({{"peft", peft_name(cfg_.peft)},
+                     {"lora_rank", cfg_.lora_rank},
+                     {"lora_targets", lora_targets_name(cfg_.lora_targets)}});
   return id;
 }
 

@@ -25,6 +25,11 @@
 // the next step's forward uploads each unit just before it needs it, so that
 // the CPU's tail overlaps the next forward.
 //
+// PEFT (TrainConfig::peft): the units' trainable parameters are LoRA adapters (layout.h); the
+// base weights are frozen buffers beside them (working precision, and with QLoRA NF4 codes and
+// scales), replicated at stages 0-2 and sharded and gathered with the adapters at stage 3.
+// Everything above (reduction, offload, optimizer, checkpoints) concerns the adapters only.
+//
 // Optimizers: AdamW with fp32 states, or 8-bit AdamW (block-wise quantised
 // moments, quant8.h) on the GPU or on the CPU; parameters of small tensors
 // keep 32-bit states (the layout puts them last in each unit).
@@ -32,6 +37,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <deque>
 #include <memory>
 #include <string>
@@ -102,13 +108,22 @@ class ZeroEngine {
   void load(const std::string& path);
 
   int64_t step_count() const { return step_; }
-  int64_t num_params() const { return total_numel(layout_); }
+  int64_t num_params() const { return total_numel(layout_); }  // trainable (with PEFT: the adapters')
+  int64_t num_frozen_params() const { return cfg_.peft_enabled() ? total_numel(base_layout_) : 0; }
   bool splits_master() const;  // some unit holds split master weights (8-bit offload, bf16, unless --split-master off)
   const std::vector<UnitLayout>& layout() const { return layout_; }
 
  private:
+  // PEFT: one storage class of a unit's frozen base weights (FrozenLayout), full and, at
+  // stage 3, this rank's shard of it.
+  struct FrozenBuf {
+    const UnitLayout* layout = nullptr;  // null: the unit holds nothing of this class
+    torch::Tensor full, shard;
+    UnitParams views;
+  };
   struct Unit {
     const UnitLayout* layout = nullptr;
+    std::array<FrozenBuf, 3> frozen;  // PEFT: working precision, NF4 codes, NF4 scales
     torch::Tensor full;       // working precision, padded; stage 3: storage only while gathered
     UnitParams leaves;        // parameter leaves viewing `full`
     torch::Tensor full_grad;  // stage 0/1: persistent; stage 2/3: one micro-batch's, transient
@@ -155,6 +170,8 @@ class ZeroEngine {
   torch::TensorOptions host_opts(torch::ScalarType dtype) const;
 
   void init_parameters();
+  void init_frozen(size_t i);  // PEFT: the unit's base weights, initialised as a full run's, frozen
+  void seed_dropout(size_t unit) const;  // LoRA dropout: the same mask in a layer's forward and its recompute
   void refresh_working_from_master();
   void gather(size_t u);
   void wait_gathered(size_t u, std::vector<std::pair<int, int>>& waits);
@@ -190,8 +207,11 @@ class ZeroEngine {
   Runtime& rt_;
   Collectives& comm_;
   Transformer model_;
-  std::vector<UnitLayout> layout_;
+  std::vector<UnitLayout> base_layout_;  // the model's parameters (with PEFT: the frozen base)
+  std::vector<FrozenLayout> frozen_layout_;  // PEFT only
+  std::vector<UnitLayout> layout_;       // the trainable units: base_layout_, or with PEFT the adapters
   std::vector<Unit> units_;
+  int64_t micro_ = 0;                    // the micro-batch being run (dropout's seed)
   std::deque<Pending> pending_;
   kernels::AdamWArgs step_args_;
   torch::ScalarType work_dtype_;

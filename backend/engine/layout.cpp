@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "backend/engine/nf4_tensor.h"
+#include "backend/optim/nf4.h"
 #include "backend/optim/quant8.h"
 #include "common/errors.h"
 
@@ -42,7 +44,7 @@ class UnitBuilder {
     // Shards start on a quantisation block, so that 8-bit AdamW's blocks are the same at every stage.
     const int64_t align = quant8::kBlock * world;
     unit_.world = world;
-    unit_.padded_numel = (unit_.numel + align - 1) / align * align;
+    unit_.padded_numel = std::max(align, (unit_.numel + align - 1) / align * align);
     return unit_;
   }
 
@@ -102,6 +104,47 @@ std::vector<UnitLayout> build_layout(const ModelSpec& m, int world) {
   if (m.lm_head_bias) head.add("lm_head.bias", {m.vocab_size}, Init::kZeros);
   units.push_back(head.finish(world));
   return units;
+}
+
+bool lora_targeted(const std::string& w, LoraTargets t) {
+  const bool attention = w == "qkv.weight" || w == "o.weight", mlp = w == "up.weight" || w == "down.weight";
+  return (attention && t != LoraTargets::kMlp) || (mlp && t != LoraTargets::kAttention);
+}
+
+std::vector<UnitLayout> build_adapter_layout(const std::vector<UnitLayout>& base, int64_t rank, LoraTargets targets,
+                                             int world) {
+  std::vector<UnitLayout> out;
+  for (const UnitLayout& b : base) {
+    UnitBuilder u(b.kind, b.name);
+    if (b.kind == UnitKind::kLayer)
+      for (const ParamSlot& p : b.params) {
+        if (!lora_targeted(p.name, targets)) continue;
+        const std::string stem = p.name.substr(0, p.name.size() - std::string(".weight").size());
+        u.add(stem + ".lora_a", {rank, p.shape[1]}, Init::kLoraA);
+        u.add(stem + ".lora_b", {p.shape[0], rank}, Init::kZeros);
+      }
+    out.push_back(u.finish(world));
+  }
+  return out;
+}
+
+std::vector<FrozenLayout> build_frozen_layout(const std::vector<UnitLayout>& base, bool qlora, int world) {
+  std::vector<FrozenLayout> out;
+  for (const UnitLayout& b : base) {
+    UnitBuilder work(b.kind, b.name), codes(b.kind, b.name), absmax(b.kind, b.name);
+    for (const ParamSlot& p : b.params) {
+      // QLoRA quantises the layers' projection weights; embeddings, head, norms and biases stay 16-bit.
+      const bool quantised = qlora && b.kind == UnitKind::kLayer && p.shape.size() == 2 && nf4::quantisable(p.numel);
+      if (quantised) {
+        codes.add(p.name + ".nf4", {p.numel / 2}, p.init);
+        absmax.add(p.name + ".absmax", {p.numel / nf4::kBlock}, p.init);
+      } else {
+        work.add(p.name, p.shape, p.init);
+      }
+    }
+    out.push_back({work.finish(world), codes.finish(world), absmax.finish(world)});
+  }
+  return out;
 }
 
 int64_t total_numel(const std::vector<UnitLayout>& units) {

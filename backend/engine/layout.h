@@ -7,10 +7,14 @@
 #include <vector>
 
 #include "model/model_spec.h"
+#include "model/train_config.h"
 
 namespace stepcast::backend {
 
-enum class Init { kNormal, kZeros, kOnes, kScaledNormal };  // scaled: output projections, 1/sqrt(2L)
+// kScaledNormal: output projections, 1/sqrt(2L). kLoraA: a LoRA down-projection A (r x in),
+// uniform in +-1/sqrt(in) (Kaiming-uniform with a = sqrt 5, the PEFT library's default; the
+// up-projection B starts at zero so that training starts from the base model, Hu et al. 2021).
+enum class Init { kNormal, kZeros, kOnes, kScaledNormal, kLoraA };
 
 struct ParamSlot {
   std::string name;
@@ -40,5 +44,24 @@ struct UnitLayout {
 std::vector<UnitLayout> build_layout(const ModelSpec& spec, int world_size);
 
 int64_t total_numel(const std::vector<UnitLayout>& units);
+
+// PEFT: whether a layer's weight ("qkv.weight", "o.weight", "up.weight", "down.weight")
+// carries an adapter for `targets`.
+bool lora_targeted(const std::string& weight_name, LoraTargets targets);
+
+// PEFT's trainable units, one per base unit, in the same order: for each targeted weight
+// "X.weight" (out x in) of a layer, "X.lora_a" (rank x in) and "X.lora_b" (out x rank). The
+// embedding and head units hold no adapter: their buffers are padding only (one block per
+// rank), so that every unit reduces and gathers alike.
+std::vector<UnitLayout> build_adapter_layout(const std::vector<UnitLayout>& base, int64_t rank,
+                                             LoraTargets targets, int world_size);
+
+// PEFT's frozen base weights of one unit, by storage: parameters in the working precision,
+// and with QLoRA the layer weights in NF4 as "X.weight.nf4" (uint8 codes, numel / 2) and
+// "X.weight.absmax" (fp32, numel / 64); each padded for sharding like a trainable unit.
+struct FrozenLayout {
+  UnitLayout work, codes, absmax;
+};
+std::vector<FrozenLayout> build_frozen_layout(const std::vector<UnitLayout>& base, bool qlora, int world_size);
 
 }  // namespace stepcast::backend

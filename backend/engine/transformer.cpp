@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "backend/engine/nf4_tensor.h"
 #include "backend/runtime/compat.h"
 #include "common/errors.h"
 
@@ -10,13 +11,14 @@ namespace stepcast::backend {
 const torch::Tensor& UnitParams::operator[](const std::string& name) const {
   for (size_t i = 0; i < layout->params.size(); ++i)
     if (layout->params[i].name == name) return tensors[i];
-  STEPCAST_ASSERT(false && "unknown parameter");
+  STEPCAST_ASSERT(frozen != nullptr && "unknown parameter");
+  return (*frozen)[name];
 }
 
 bool UnitParams::has(const std::string& name) const {
   for (const auto& p : layout->params)
     if (p.name == name) return true;
-  return false;
+  return frozen != nullptr && frozen->has(name);
 }
 
 UnitParams make_views(const UnitLayout& unit, const torch::Tensor& flat, bool requires_grad) {
@@ -30,8 +32,36 @@ UnitParams make_views(const UnitLayout& unit, const torch::Tensor& flat, bool re
   return out;
 }
 
-Transformer::Transformer(const ModelSpec& spec, torch::Device device)
-    : spec_(spec), device_(device), interleaved_rotary_(spec.model_type == "gptj") {}
+Transformer::Transformer(const ModelSpec& spec, torch::Device device, LoraSettings lora)
+    : spec_(spec), device_(device), lora_(lora), interleaved_rotary_(spec.model_type == "gptj") {}
+
+std::pair<int64_t, int64_t> Transformer::weight_shape(const std::string& stem) const {
+  const int64_t h = spec_.hidden_size, i = spec_.intermediate_size;
+  if (stem == "qkv") return {spec_.q_dim() + 2 * spec_.kv_dim(), h};
+  if (stem == "o") return {h, spec_.q_dim()};
+  if (stem == "up") return {spec_.gated_mlp ? 2 * i : i, h};
+  if (stem == "down") return {h, i};
+  STEPCAST_ASSERT(stem == "lm_head");
+  return {spec_.vocab_size, h};
+}
+
+torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, const torch::Tensor& x) const {
+  const std::string w = stem + ".weight", b = stem + ".bias";
+  torch::Tensor y;
+  if (p.has(w)) {
+    y = torch::nn::functional::linear(x, p[w], p.has(b) ? p[b] : torch::Tensor());
+  } else {
+    const auto [out, in] = weight_shape(stem);
+    y = nf4::linear(x, p[w + ".nf4"], p[w + ".absmax"], out, in);
+    if (p.has(b)) y = y + p[b];
+  }
+  if (p.has(stem + ".lora_a")) {
+    const torch::Tensor a_in = lora_.dropout > 0.0 ? torch::dropout(x, lora_.dropout, /*train=*/true) : x;
+    const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);
+    y = y + torch::nn::functional::linear(low, p[stem + ".lora_b"]) * lora_.scale;
+  }
+  return y;
+}
 
 torch::Tensor Transformer::embed(const UnitParams& p, const torch::Tensor& tokens) const {
   return torch::embedding(p["wte"], tokens);
@@ -82,7 +112,7 @@ torch::Tensor Transformer::rotary(const torch::Tensor& x, int64_t seq) const {
 torch::Tensor Transformer::attention(const UnitParams& p, const torch::Tensor& x) const {
   const int64_t b = x.size(0), s = x.size(1);
   const int64_t nh = spec_.num_heads, nkv = spec_.num_kv_heads, d = spec_.head_dim;
-  auto qkv = torch::nn::functional::linear(x, p["qkv.weight"], p.has("qkv.bias") ? p["qkv.bias"] : torch::Tensor());
+  auto qkv = proj(p, "qkv", x);
   auto q = qkv.narrow(-1, 0, nh * d).view({b, s, nh, d});
   auto k = qkv.narrow(-1, nh * d, nkv * d).view({b, s, nkv, d});
   auto v = qkv.narrow(-1, (nh + nkv) * d, nkv * d).view({b, s, nkv, d});
@@ -95,11 +125,11 @@ torch::Tensor Transformer::attention(const UnitParams& p, const torch::Tensor& x
   }
   auto o = compat::causal_attention(q.contiguous(), k.contiguous(), v.contiguous());
   o = o.transpose(1, 2).reshape({b, s, nh * d});
-  return torch::nn::functional::linear(o, p["o.weight"], p.has("o.bias") ? p["o.bias"] : torch::Tensor());
+  return proj(p, "o", o);
 }
 
 torch::Tensor Transformer::mlp(const UnitParams& p, const torch::Tensor& x) const {
-  auto up = torch::nn::functional::linear(x, p["up.weight"], p.has("up.bias") ? p["up.bias"] : torch::Tensor());
+  auto up = proj(p, "up", x);
   torch::Tensor act;
   if (spec_.gated_mlp) {
     auto gu = up.chunk(2, -1);
@@ -107,7 +137,7 @@ torch::Tensor Transformer::mlp(const UnitParams& p, const torch::Tensor& x) cons
   } else {
     act = torch::gelu(up, spec_.model_type == "gptj" ? "tanh" : "none");
   }
-  return torch::nn::functional::linear(act, p["down.weight"], p.has("down.bias") ? p["down.bias"] : torch::Tensor());
+  return proj(p, "down", act);
 }
 
 torch::Tensor Transformer::layer(const UnitParams& p, const torch::Tensor& x) const {
@@ -123,8 +153,7 @@ torch::Tensor Transformer::layer(const UnitParams& p, const torch::Tensor& x) co
 
 torch::Tensor Transformer::head_loss(const UnitParams& p, const torch::Tensor& x, const torch::Tensor& targets) const {
   auto h = spec_.final_norm ? norm(p, "norm", x) : x;
-  auto logits = torch::nn::functional::linear(h, p["lm_head.weight"],
-                                              p.has("lm_head.bias") ? p["lm_head.bias"] : torch::Tensor());
+  auto logits = proj(p, "lm_head", h);
   return torch::nn::functional::cross_entropy(logits.to(torch::kFloat).view({-1, spec_.vocab_size}),
                                               targets.reshape({-1}));
 }
@@ -148,6 +177,11 @@ void init_unit(const UnitLayout& unit, torch::Tensor& flat, uint64_t seed, int64
       case Init::kScaledNormal: view.normal_(0.0, 0.02 / std::sqrt(2.0 * num_layers), gen); break;
       case Init::kOnes: view.fill_(1.0); break;
       case Init::kZeros: break;
+      case Init::kLoraA: {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(slot.shape.at(1)));
+        view.uniform_(-bound, bound, gen);
+        break;
+      }
     }
   }
 }
