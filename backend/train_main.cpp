@@ -247,7 +247,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
 
   const double tokens_per_step = static_cast<double>(cfg.micro_batch * cfg.seq_len * cfg.gas * rv.world);
   const double flops_per_token =
-      model_flops_per_token(spec.total_params(), spec.num_layers, spec.q_dim(), cfg.seq_len);
+      model_flops_per_token(spec, cfg);
   const int64_t first = engine->step_count();
   for (int64_t s = 0; s < f.steps; ++s) {
     const int64_t step = first + s + 1;

@@ -48,6 +48,7 @@ std::string offload_of(const RunRecord& r) { return offload_label(r.config); }
 
 IntervalModel region_of(const std::vector<RunRecord>& runs) {
   IntervalModel m;
+  m.pefts.clear();
   const auto add = [](auto& values, const auto& v) {
     if (std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
   };
@@ -57,6 +58,7 @@ IntervalModel region_of(const std::vector<RunRecord>& runs) {
     add(m.offloads, offload_of(r));
     add(m.precisions, std::string(precision_name(r.config.precision)));
     add(m.attentions, std::string(attention_name(r.config.attention)));
+    add(m.pefts, std::string(peft_name(r.config.peft)));
     add(m.world_sizes, static_cast<int64_t>(r.config.world_size()));
     const double seq = static_cast<double>(r.config.seq_len);
     m.seq_min = m.seq_min == 0 ? seq : std::min(m.seq_min, seq);
@@ -68,6 +70,7 @@ IntervalModel region_of(const std::vector<RunRecord>& runs) {
   std::sort(m.offloads.begin(), m.offloads.end());
   std::sort(m.precisions.begin(), m.precisions.end());
   std::sort(m.attentions.begin(), m.attentions.end());
+  std::sort(m.pefts.begin(), m.pefts.end());
   std::sort(m.world_sizes.begin(), m.world_sizes.end());
   return m;
 }

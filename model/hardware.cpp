@@ -42,7 +42,7 @@ namespace {
 
 IntervalModel parse_interval(const TomlReader& t) {
   t.reject_unknown_keys({"log_q95_seen", "log_q95_unseen", "seen_predictions", "unseen_predictions", "models",
-                         "offloads", "precisions", "attentions", "zero_stages", "world_sizes", "seq_min", "seq_max",
+                         "offloads", "precisions", "attentions", "pefts", "zero_stages", "world_sizes", "seq_min", "seq_max",
                          "micro_tokens_max"});
   IntervalModel m;
   m.log_q95_seen = t.get_double("log_q95_seen", 1e-6, 10.0);
@@ -53,6 +53,7 @@ IntervalModel parse_interval(const TomlReader& t) {
   m.offloads = t.get_string_array_or("offloads");
   m.precisions = t.get_string_array_or("precisions");
   m.attentions = t.get_string_array_or("attentions");
+  if (t.table().contains("pefts")) m.pefts = t.get_string_array_or("pefts");
   for (const auto& [key, target] : {std::pair<const char*, std::vector<int64_t>*>{"zero_stages", &m.zero_stages},
                                     {"world_sizes", &m.world_sizes}}) {
     if (const toml::array* a = t.table().get_as<toml::array>(key)) {
@@ -97,6 +98,7 @@ std::string interval_text(const std::string& header, const IntervalModel& m) {
     << "\nseen_predictions = " << m.seen_predictions << "\nunseen_predictions = " << m.unseen_predictions
     << "\nmodels = " << toml_string_array(m.models) << "\noffloads = " << toml_string_array(m.offloads)
     << "\nprecisions = " << toml_string_array(m.precisions) << "\nattentions = " << toml_string_array(m.attentions)
+    << (m.pefts == std::vector<std::string>{"none"} ? "" : "\npefts = " + toml_string_array(m.pefts))
     << "\nzero_stages = " << ints(m.zero_stages) << "\nworld_sizes = " << ints(m.world_sizes)
     << "\nseq_min = " << m.seq_min << "\nseq_max = " << m.seq_max << "\nmicro_tokens_max = " << m.micro_tokens_max
     << "\n";

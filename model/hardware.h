@@ -60,6 +60,7 @@ struct IntervalModel {
   double log_q95_unseen = 0;
   int seen_predictions = 0, unseen_predictions = 0;  // how many cross-validated residuals each rests on
   std::vector<std::string> models, offloads, precisions, attentions;
+  std::vector<std::string> pefts = {"none"};  // fine-tuning methods (peft_name); absent in a profile: full only
   std::vector<int64_t> zero_stages, world_sizes;
   double seq_min = 0, seq_max = 0;  // sequence lengths between them count as seen
   double micro_tokens_max = 0;      // micro-batch x sequence beyond it counts as unseen

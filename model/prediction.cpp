@@ -98,6 +98,8 @@ std::vector<OutsideDimension> outside_dimensions(const IntervalModel& m, const s
   if (!has(m.precisions, precision)) out.push_back({"precision", precision, list(m.precisions)});
   const std::string attention = attention_name(c.attention);
   if (!has(m.attentions, attention)) out.push_back({"attention", attention, list(m.attentions)});
+  const std::string peft = peft_name(c.peft);
+  if (!has(m.pefts, peft)) out.push_back({"fine-tuning method", peft, list(m.pefts)});
   if (!has(m.world_sizes, static_cast<int64_t>(c.world_size())))
     out.push_back({"GPUs", std::to_string(c.world_size()), list(m.world_sizes)});
   if (c.nodes > 1) out.push_back({"nodes", std::to_string(c.nodes), "calibrated: 1", false});

@@ -111,6 +111,55 @@ double activation_elems_per_token_per_layer(const ModelSpec& m, AttentionKind at
   return elems;
 }
 
+namespace {
+
+// The projections of one layer as (out, in), in layout order (backend/engine/layout.cpp),
+// whether LoRA adapts each, and the adapters a fused one carries (q, k, v; gate, up: one each,
+// as Hugging Face PEFT adapts them; backend/engine/layout.h lora_segments).
+struct Projection {
+  double out = 0, in = 0;
+  bool adapted = false;
+  double segments = 1;
+};
+std::array<Projection, 4> projections(const ModelSpec& m, const TrainConfig& c) {
+  const double h = static_cast<double>(m.hidden_size), i = static_cast<double>(m.intermediate_size);
+  const bool attention = c.lora_targets != LoraTargets::kMlp, mlp = c.lora_targets != LoraTargets::kAttention;
+  return {Projection{static_cast<double>(m.q_dim() + 2 * m.kv_dim()), h, attention, 3.0},
+          Projection{h, static_cast<double>(m.q_dim()), attention, 1.0},
+          Projection{m.gated_mlp ? 2.0 * i : i, h, mlp, m.gated_mlp ? 2.0 : 1.0}, Projection{h, i, mlp, 1.0}};
+}
+
+}  // namespace
+
+double lora_params(const ModelSpec& spec, const TrainConfig& c) {
+  if (!c.peft_enabled()) return 0.0;
+  double per_layer = 0.0;
+  for (const Projection& p : projections(spec, c))
+    if (p.adapted) per_layer += static_cast<double>(c.lora_rank) * (p.segments * p.in + p.out);
+  return per_layer * static_cast<double>(spec.num_layers);
+}
+
+double nf4_params(const ModelSpec& spec, const TrainConfig& c) {
+  if (c.peft != PeftKind::kQlora) return 0.0;
+  double per_layer = 0.0;
+  for (const Projection& p : projections(spec, c)) per_layer += p.out * p.in;
+  return per_layer * static_cast<double>(spec.num_layers);
+}
+
+double frozen_weight_bytes(const ModelSpec& spec, const TrainConfig& c) {
+  if (!c.peft_enabled()) return 0.0;
+  const double params = static_cast<double>(spec.total_params()), nf4 = nf4_params(spec, c);
+  return nf4 * kNf4BytesPerParam + (params - nf4) * working_bytes(c.precision);
+}
+
+double model_flops_per_token(const ModelSpec& spec, const TrainConfig& c) {
+  const double params = static_cast<double>(spec.total_params());
+  const double full = model_flops_per_token(params, static_cast<double>(spec.num_layers),
+                                            static_cast<double>(spec.q_dim()), static_cast<double>(c.seq_len));
+  if (!c.peft_enabled()) return full;
+  return full - 2.0 * params + 6.0 * lora_params(spec, c);
+}
+
 double bucket_elems(const ModelSpec& spec) {
   return static_cast<double>(spec.hidden_size) * static_cast<double>(spec.hidden_size);
 }
@@ -134,6 +183,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const bool offload_par = c.offload_params == OffloadDevice::kCpu;
   const bool multi_rank = n > 1;
   const int stage = c.zero_stage;
+  // PEFT: the adapters are what is reduced, partitioned and updated; the frozen base is stored
+  // (sharded at stage 3 and gathered with the adapters) and computed with, never updated.
+  const bool peft = c.peft_enabled();
+  const double trainable = peft ? lora_params(spec, c) : params;
+  const double frozen_bytes = frozen_weight_bytes(spec, c);
 
   // --- compute ---------------------------------------------------------------
   f.gemms = gemm_classes(spec, tokens);
@@ -148,6 +202,32 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     f.attn_uses_gemm_eff = 1;
   }
   f.seq_len = s;
+  f.weight_grad_frac = peft ? 0.0 : 1.0;
+  // LoRA's work per adapted projection (out x in, S segments) and micro-batch, as transformer.cpp
+  // runs it: x A^T (tokens x S r x in) and the segments' B products (tokens x out x r in all),
+  // GEMMs; then the scale and the add into the base output. Its forward traffic: read x (in),
+  // write, scale and add B's output (write out; read and write out; read two and write one out):
+  // in + 6 out elements per token, and 2 out more where the segments' outputs are concatenated.
+  // Its backward: the scaled gradient (read and write out), B's gradients (read out twice), A's
+  // (read in, write in) and the add into the input gradient (read two, write one in): 5 in + 4 out.
+  // A dropout on the adapter input reads and writes in once more each way.
+  double lora_act_per_layer = 0.0;
+  if (peft) {
+    const double r = static_cast<double>(c.lora_rank);
+    size_t k = 0;
+    for (const Projection& p : projections(spec, c)) {
+      if (!p.adapted) continue;
+      f.adapter_gemms[k++] = GemmShape{tokens, p.segments * r, p.in, L};
+      f.adapter_gemms[k++] = GemmShape{tokens, p.out, r, L};
+      const double drop = c.lora_dropout > 0.0 ? 2.0 * p.in : 0.0;
+      const double concat = p.segments > 1.0 ? 2.0 * p.out : 0.0;
+      f.adapter_bytes_fwd += tokens * L * wb * (p.in + 6.0 * p.out + concat + drop);
+      f.adapter_bytes_bwd += tokens * L * wb * (5.0 * p.in + 4.0 * p.out + drop);
+      // Saved for the backward: A's output (r) and, with dropout, the dropped input (in).
+      lora_act_per_layer += p.segments * r + (c.lora_dropout > 0.0 ? p.in : 0.0);
+    }
+    f.dequant_bytes_pass = nf4_params(spec, c) * (kNf4BytesPerParam + wb);
+  }
   const double act_per_layer = activation_elems_per_token_per_layer(spec, c.attention, s);
   f.elementwise_bytes_fwd = tokens * L * act_per_layer * wb;
   f.num_layers = L;
@@ -161,9 +241,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
 
   // --- collectives -------------------------------------------------------------
   const double bucket = bucket_elems(spec);
-  const double grad_bytes_full = params * wb;
-  const double param_bytes_full = params * wb;
-  const double grad_calls = std::ceil(params / bucket);
+  const double grad_bytes_full = trainable * wb;
+  const double param_bytes_full = trainable * wb + frozen_bytes;  // what a stage-3 gather brings
+  const double grad_calls = std::ceil(trainable / bucket);
   const double units = L + 2.0;  // stage-3 gather units: layers, embedding, head
   // Modules with parameters (DeepSpeed's fetch granularity under ZeRO-3).
   const double modules = static_cast<double>(spec.param_modules_per_layer()) * L +
@@ -204,7 +284,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       }
     } else if (stage >= 1) {
       // Each rank updated its shard: all-gather the new parameters.
-      f.post_step_gather_bytes = param_bytes_full;
+      f.post_step_gather_bytes = trainable * wb;
       f.post_step_gather_calls = grad_calls;
     }
   }
@@ -225,7 +305,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.pcie_shared_link = multi_rank && !multi_node && hw.links.intra_node == "pcie" ? 1.0 : 0.0;
 
   // --- offload -----------------------------------------------------------------
-  const double shard_params = stage >= 1 ? params / n : params;
+  const double shard_params = stage >= 1 ? trainable / n : trainable;
   if (offload_opt) {
     // The backend accumulates gradients on the GPU and copies each shard down once, on the
     // last micro-batch, where the CPU optimizer pipelines over the units as they arrive.
@@ -286,22 +366,22 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.world_size = n;
   f.tokens_per_micro = tokens;
   // model/metrics.h: 6 N (Kaplan et al. 2020) plus causal attention 6 L d_attn s.
-  f.model_flops_per_token = model_flops_per_token(params, L, spec.q_dim(), s);
+  f.model_flops_per_token = model_flops_per_token(spec, c);
 
   // --- memory ------------------------------------------------------------------
   // Optimizer states of 8-bit AdamW: tensors under 4096 elements stay 32-bit.
   double state_bytes = optimizer_state_bytes_per_param(c.optimizer, c.precision);
-  if (c.optimizer == OptimizerKind::kAdamW8bit) {
+  if (c.optimizer == OptimizerKind::kAdamW8bit && !peft) {  // adapters: no tensor under 4096 values
     const double small = static_cast<double>(small_tensor_params(spec));
     const double fp32_state = optimizer_state_bytes_per_param(OptimizerKind::kAdamW, c.precision);
     state_bytes = (state_bytes * (params - small) + fp32_state * small) / params;
   }
   // ZeRO model states (Rajbhandari et al. 2020, section 5): stage 1 partitions
   // optimizer states, stage 2 also gradients, stage 3 also parameters.
-  const double p_shard = stage == 3 ? params / n : params;
-  const double g_shard = stage >= 2 ? params / n : params;
-  const double os_shard = stage >= 1 ? params / n : params;
-  mem.gpu_params_bytes = offload_par ? 0.0 : p_shard * wb;
+  const double p_shard = stage == 3 ? trainable / n : trainable;
+  const double g_shard = stage >= 2 ? trainable / n : trainable;
+  const double os_shard = stage >= 1 ? trainable / n : trainable;
+  mem.gpu_params_bytes = offload_par ? 0.0 : p_shard * wb + (stage == 3 ? frozen_bytes / n : frozen_bytes);
   // With offload at stages 2-3 a gradient shard stays on the GPU only to accumulate over GAS.
   mem.gpu_grads_bytes = (offload_opt && stage >= 2 && c.gas == 1) ? 0.0 : g_shard * wb;
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
@@ -310,8 +390,19 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   if (stage == 3) {
     const double unit = std::max(static_cast<double>(spec.params_per_layer()),
                                  static_cast<double>(spec.vocab_size) * spec.embed_dim());
-    buffers += 2.0 * unit * wb;  // gathered unit in use + the one prefetched
-    buffers += unit * wb;        // full gradient of one unit before its reduce-scatter
+    // Gathered unit in use + the one prefetched; the full gradient of one unit before its
+    // reduce-scatter (PEFT: the frozen weights' bytes per unit, and the adapters' gradient).
+    const double unit_bytes = peft ? std::max(frozen_bytes / L, static_cast<double>(spec.vocab_size) *
+                                                                    spec.embed_dim() * wb)
+                                   : unit * wb;
+    buffers += 2.0 * unit_bytes;
+    buffers += peft ? trainable / L * wb : unit * wb;
+  }
+  if (c.peft == PeftKind::kQlora) {
+    // One dequantised weight alive at a time: the largest projection's.
+    double largest = 0.0;
+    for (const Projection& p : projections(spec, c)) largest = std::max(largest, p.out * p.in);
+    buffers += largest * wb;
   }
   mem.gpu_buffers_bytes = buffers;
   const double live_layers = c.activation_checkpointing ? 0.0 : L;
@@ -319,8 +410,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // Without checkpointing every layer's activations are live at the start of
   // backward; with it, each layer's input plus one recomputed layer.
   mem.act_bytes = tokens * wb *
-                  (live_layers * act_per_layer + ckpt_inputs +
-                   (c.activation_checkpointing ? act_per_layer : 0.0) + 2.0 * h /*final norm, head input*/);
+                  (live_layers * (act_per_layer + lora_act_per_layer) + ckpt_inputs +
+                   (c.activation_checkpointing ? act_per_layer + lora_act_per_layer : 0.0) +
+                   2.0 * h /*final norm, head input*/);
   mem.logits_elems = tokens * static_cast<double>(spec.vocab_size);
   mem.logit_bytes = wb;
   if (offload_opt) {
@@ -332,7 +424,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // beside the bf16 upper half, which is the host parameter shard with parameter offload
       // (2 B saved), else a pinned upload buffer of its own (the staging shard then holds
       // gradients only; the same total).
-      const double eight_bit = (params - static_cast<double>(small_tensor_params(spec))) / params;
+      const double eight_bit = peft ? 1.0 : (params - static_cast<double>(small_tensor_params(spec))) / params;
       mem.host_opt_states_bytes -= os_shard * eight_bit * 2.0;
       if (!offload_par) mem.host_pinned_buffers_bytes += os_shard * eight_bit * wb;
     }

@@ -28,6 +28,13 @@ struct StepFeatures {
   double attn_fwd_flops = 0;       // score and value products as executed (causal half for flash)
   double attn_bwd_flops_mult = 0;  // backward/forward FLOPs of attention (2.5 flash, 2 math)
   double attn_uses_gemm_eff = 0;   // 1 for math attention (runs as batched GEMMs)
+  double weight_grad_frac = 1;     // share of the forward GEMMs whose weight gradients the backward computes (PEFT: 0)
+  // PEFT (LoRA adapters): the low-rank products of one micro-batch, forward (the backward runs
+  // twice their FLOPs: data and weight gradients), and the memory traffic of the adapter's
+  // elementwise work in the forward and in the backward (lora_traffic_bytes).
+  std::array<GemmShape, 2 * kNumGemmClasses> adapter_gemms{};
+  double adapter_bytes_fwd = 0, adapter_bytes_bwd = 0;
+  double dequant_bytes_pass = 0;   // QLoRA: HBM bytes of dequantising every NF4 weight once
   double seq_len = 0;
   double elementwise_bytes_fwd = 0;  // analytic activation bytes, the traffic of non-GEMM ops
   double num_layers = 0;
@@ -126,6 +133,19 @@ int64_t small_tensor_params(const ModelSpec& spec, int64_t min_8bit_size = 4096)
 // Analytic activation elements saved per token per layer (see features.cpp).
 double activation_elems_per_token_per_layer(const ModelSpec& spec, AttentionKind attention,
                                             double seq_len);
+
+// PEFT (TrainConfig::peft): the trainable adapter parameters, and the frozen weights that
+// QLoRA stores in NF4 (the layers' projection weights; embeddings, head, norms and biases stay
+// 16-bit), both as the backend lays them out (backend/engine/layout.h).
+double lora_params(const ModelSpec& spec, const TrainConfig& config);
+double nf4_params(const ModelSpec& spec, const TrainConfig& config);
+// Bytes of the frozen base weights: 16-bit (or fp32), QLoRA's NF4 codes with one fp32 scale per
+// 64 values (0.5625 B per weight).
+double frozen_weight_bytes(const ModelSpec& spec, const TrainConfig& config);
+inline constexpr double kNf4BytesPerParam = 0.5 + 4.0 / 64.0;
+// Model FLOPs per token (MFU's numerator): 6 N + 6 L d_attn s for full fine-tuning; with PEFT
+// the frozen weights have no weight gradient (4 N) and the adapters train in full (6 N_lora).
+double model_flops_per_token(const ModelSpec& spec, const TrainConfig& config);
 
 // Node-level overrides of the profile (planner flags --cpu-cores, --cpu-mem-gib, --gpu-mem-gib).
 struct ResourceLimits {

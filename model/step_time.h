@@ -181,8 +181,18 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;
   const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
 
-  const T fwd_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s;
-  const T bwd_s = coef[kBackwardSlowdownMult] * (2.0 * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
+  // PEFT: the adapters' low-rank GEMMs and their elementwise traffic at HBM speed; QLoRA's
+  // dequantisation of every NF4 weight before its forward and again before its backward
+  // product: a streaming kernel of ours like the GPU optimizer's, at its share of HBM bandwidth.
+  T adapter_gemm_s(0.0);
+  for (const GemmShape& g : f.adapter_gemms) adapter_gemm_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef);
+  const T dequant_s = f.dequant_bytes_pass / (f.hbm_bytes_per_s * coef[kGpuOptBwEffFrac]);
+  const T adapter_fwd_s = adapter_gemm_s + f.adapter_bytes_fwd / f.hbm_bytes_per_s + dequant_s;
+  const T adapter_bwd_s = 2.0 * adapter_gemm_s + f.adapter_bytes_bwd / f.hbm_bytes_per_s + dequant_s;
+
+  const T fwd_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s;
+  const T bwd_s = coef[kBackwardSlowdownMult] * ((1.0 + f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
+                  adapter_bwd_s +
                   attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
                                        f.peak_flops_per_s, coef) +
                   overhead_s;

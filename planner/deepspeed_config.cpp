@@ -47,6 +47,35 @@ LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
   if (c.activation_checkpointing)
     out.notes.push_back("activation checkpointing: call model.gradient_checkpointing_enable() "
                         "(HF Trainer: gradient_checkpointing=True)");
+  if (c.peft_enabled()) {
+    // DeepSpeed's JSON has no LoRA keys: the adapters come from Hugging Face PEFT in the script
+    // (LoraConfig and get_peft_model, huggingface.co/docs/peft), QLoRA's NF4 base from
+    // transformers' BitsAndBytesConfig (load_in_4bit, bnb_4bit_quant_type "nf4").
+    std::string modules;
+    if (model.model_type == "gpt_neox") {
+      modules = c.lora_targets == LoraTargets::kAttention ? "\"query_key_value\", \"dense\""
+                : c.lora_targets == LoraTargets::kMlp   ? "\"dense_h_to_4h\", \"dense_4h_to_h\""
+                                                          : "\"query_key_value\", \"dense\", \"dense_h_to_4h\", \"dense_4h_to_h\"";
+    } else if (model.model_type == "gptj") {
+      modules = c.lora_targets == LoraTargets::kAttention ? "\"q_proj\", \"k_proj\", \"v_proj\", \"out_proj\""
+                : c.lora_targets == LoraTargets::kMlp   ? "\"fc_in\", \"fc_out\""
+                                                          : "\"q_proj\", \"k_proj\", \"v_proj\", \"out_proj\", \"fc_in\", \"fc_out\"";
+    } else {
+      modules = c.lora_targets == LoraTargets::kAttention ? "\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\""
+                : c.lora_targets == LoraTargets::kMlp   ? "\"gate_proj\", \"up_proj\", \"down_proj\""
+                                                          : "\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", "
+                                                            "\"up_proj\", \"down_proj\"";
+    }
+    std::ostringstream note;
+    note << "LoRA is not a DeepSpeed setting: wrap the model in the script with peft.get_peft_model(model, "
+         << "LoraConfig(r=" << c.lora_rank << ", lora_alpha=" << c.lora_alpha << ", lora_dropout=" << c.lora_dropout
+         << ", target_modules=[" << modules << "]))";
+    if (c.peft == PeftKind::kQlora)
+      note << ", loading the base with quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
+              "bnb_4bit_quant_type=\"nf4\", bnb_4bit_compute_dtype=torch.bfloat16)";
+    note << "; the plan's speed and memory are the Stepcast backend's (train --plan runs it)";
+    out.notes.push_back(note.str());
+  }
 
   nlohmann::json zero = {{"stage", c.zero_stage}};
   if (c.zero_stage > 0) {

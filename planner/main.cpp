@@ -6,6 +6,8 @@
 //   planner models [--json]      planner hardware [--json]
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -53,9 +55,24 @@ struct CommonOptions {
   std::string accelerate_config;
   std::string fsdp_config;
   double train_tokens = 0;
+  std::string peft = "none";
+  int64_t lora_rank = 16;
+  std::string lora_targets = "all";
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.0;
 };
 
 void add_common(CLI::App* app, CommonOptions& o) {
+  app->add_option("--peft", o.peft,
+                  "none | lora | qlora: full fine-tuning, or low-rank adapters on frozen 16-bit (lora) or 4-bit NF4 "
+                  "(qlora) base weights; recommend also takes auto (all three side by side)")
+      ->capture_default_str();
+  app->add_option("--lora-rank", o.lora_rank, "LoRA rank r")->capture_default_str();
+  app->add_option("--lora-targets", o.lora_targets, "attention | mlp | all: the projections with adapters")
+      ->capture_default_str();
+  app->add_option("--lora-alpha", o.lora_alpha, "LoRA alpha (carried into the plan for train)")->capture_default_str();
+  app->add_option("--lora-dropout", o.lora_dropout, "LoRA dropout (carried into the plan for train)")
+      ->capture_default_str();
   app->add_option("--model", o.model,
                   "catalog name or alias (see `planner models`), a .toml card, a Hugging Face "
                   "config.json or a folder holding one")
@@ -112,6 +129,19 @@ TrainConfig base_config(const CommonOptions& o) {
   c.seq_len = o.seq;
   c.precision = parse_precision(o.precision, "--precision");
   c.attention = parse_attention(o.attention, "--attention");
+  // --peft auto is recommend's (make_request): the base configuration is full fine-tuning.
+  c.peft = o.peft == "auto" ? PeftKind::kNone : parse_peft(o.peft, "--peft");
+  c.lora_rank = o.lora_rank;
+  c.lora_targets = parse_lora_targets(o.lora_targets, "--lora-targets");
+  c.lora_alpha = o.lora_alpha;
+  c.lora_dropout = o.lora_dropout;
+  if (o.peft == "auto") {
+    TrainConfig probe = c;
+    probe.peft = PeftKind::kLora;
+    validate_config(probe);  // the LoRA settings, checked once for the searched methods
+  } else {
+    validate_config(c);
+  }
   return c;
 }
 
@@ -186,6 +216,7 @@ SearchRequest make_request(const CommonOptions& o, int64_t global_batch, const s
     throw InputError("--global-batch " + std::to_string(global_batch) + " is out of range [0, 2^30] (0: GAS ranges over 1..32)");
   req.global_batch = global_batch;
   req.optimizers = parse_optimizer_list(optimizers);
+  if (o.peft == "auto") req.pefts = {PeftKind::kNone, PeftKind::kLora, PeftKind::kQlora};
   return req;
 }
 
@@ -475,6 +506,49 @@ int run_compare(CompareOptions& co) {
   return 0;
 }
 
+// recommend --peft auto: the best plan of each fine-tuning method (full, LoRA, QLoRA) for the
+// same model, batch and GPUs, or the least memory one of its plans needs where none fits.
+struct PeftRow {
+  PeftKind peft = PeftKind::kNone;
+  const Prediction* best = nullptr;
+  double least_gpu_bytes = 0;  // where nothing fits: the least GPU memory of its plans
+  std::string why;             // and why that plan does not fit
+  double trainable_params = 0;
+};
+
+std::vector<PeftRow> peft_comparison(const SearchRequest& req, const SearchResult& res) {
+  std::vector<PeftRow> rows;
+  for (PeftKind k : req.pefts) {
+    PeftRow r;
+    r.peft = k;
+    TrainConfig c = req.base;
+    c.peft = k;
+    r.trainable_params = k == PeftKind::kNone ? static_cast<double>(req.model.total_params()) : lora_params(req.model, c);
+    for (const Prediction& p : res.ranked)
+      if (p.config.peft == k) {
+        r.best = &p;
+        break;
+      }
+    if (!r.best) {
+      r.least_gpu_bytes = std::numeric_limits<double>::infinity();
+      for (const FamilyOutcome& f : res.families)
+        if (f.smallest_memory && f.smallest_memory->config.peft == k &&
+            f.smallest_memory->memory.gpu_total_bytes < r.least_gpu_bytes) {
+          r.least_gpu_bytes = f.smallest_memory->memory.gpu_total_bytes;
+          r.why = f.smallest_memory->reason;
+        }
+    }
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+std::string peft_label(const TrainConfig& c) {
+  if (!c.peft_enabled()) return "full fine-tuning";
+  return std::string(c.peft == PeftKind::kLora ? "LoRA" : "QLoRA") + " r" + std::to_string(c.lora_rank) + " " +
+         lora_targets_name(c.lora_targets);
+}
+
 int run_recommend(const CommonOptions& o, int64_t global_batch, const std::string& optimizers,
                   int top_k, bool no_offload, const std::string& engine, const std::string& pipeline) {
   if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
@@ -548,6 +622,24 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
                                 {"gpu_memory_bytes", l.result.memory.gpu_total_bytes}});
       j["offload_levers"] = lj;
     }
+    if (!req.pefts.empty()) {
+      j["peft_comparison"] = nlohmann::json::array();
+      for (const PeftRow& r : peft_comparison(req, res)) {
+        nlohmann::json pj = {{"peft", peft_name(r.peft)}, {"trainable_params", r.trainable_params},
+                             {"fits", r.best != nullptr}};
+        if (r.best) {
+          pj["plan"] = plan_to_json(*r.best, ctx);
+          pj["tokens_per_s"] = r.best->throughput.tokens_per_s;
+          pj["step_time_s"] = r.best->time.step_s;
+          pj["gpu_memory_bytes"] = r.best->memory.gpu_total_bytes;
+          pj["host_memory_bytes_node"] = r.best->memory.host_node_total_bytes;
+        } else if (std::isfinite(r.least_gpu_bytes)) {
+          pj["least_gpu_memory_bytes"] = r.least_gpu_bytes;
+          pj["why"] = r.why;
+        }
+        j["peft_comparison"].push_back(pj);
+      }
+    }
     j["suggestions"] = res.suggestions;
     j["notes"] = notes;
     std::cout << j.dump(2) << "\n";
@@ -576,6 +668,32 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
                   << fmt("%.0f", l.result.throughput.tokens_per_s) << ")"
                   << (l.result.fits ? "" : ", does not fit: " + l.result.reason) << "\n";
     }
+    if (!req.pefts.empty()) {
+      std::cout << "\nfull fine-tuning against LoRA and QLoRA (--peft auto; best plan of each on " << base.world_size()
+                << " GPU" << (base.world_size() > 1 ? "s" : "") << "):\n";
+      char line[400];
+      std::snprintf(line, sizeof line, "  %-24s %12s %10s %9s %9s %9s  %s\n", "method", "trainable", "tokens/s",
+                    "step s", "GPU GiB", "host GiB", "plan");
+      std::cout << line;
+      for (const PeftRow& r : peft_comparison(req, res)) {
+        TrainConfig c = base;
+        c.peft = r.peft;
+        if (r.best) {
+          const Prediction& p = *r.best;
+          std::snprintf(line, sizeof line, "  %-24s %12.4g %10.0f %9.3f %9.1f %9.1f  ", peft_label(c).c_str(),
+                        r.trainable_params, p.throughput.tokens_per_s, p.time.step_s,
+                        p.memory.gpu_total_bytes / kBytesPerGiB, p.memory.host_node_total_bytes / kBytesPerGiB);
+          std::cout << line << family_name(p.config) << ", micro-batch " << p.config.micro_batch << ", GAS "
+                    << p.config.gas << (p.config.activation_checkpointing ? ", checkpointing" : "") << "\n";
+        } else {
+          std::snprintf(line, sizeof line, "  %-24s %12.4g %10s %9s %9s %9s  ", peft_label(c).c_str(),
+                        r.trainable_params, "-", "-",
+                        std::isfinite(r.least_gpu_bytes) ? fmt("%.1f", r.least_gpu_bytes / kBytesPerGiB).c_str() : "-",
+                        "-");
+          std::cout << line << "does not fit; its plan of least GPU memory: " << r.why << "\n";
+        }
+      }
+    }
     for (const auto& n : res.notes) std::cout << "note: " << n << "\n";
     for (const auto& n : notes) std::cout << n << "\n";
   }
@@ -602,6 +720,8 @@ struct ExplainOptions {
 };
 
 int run_explain(const CommonOptions& o, const ExplainOptions& e) {
+  if (o.peft == "auto")
+    throw InputError("--peft auto compares methods, which recommend does: explain takes none, lora or qlora");
   TrainConfig c = base_config(o);
   c.zero_stage = e.stage;
   c.offload_optimizer = parse_offload(e.offload_optimizer, "--offload-optimizer");

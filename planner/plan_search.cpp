@@ -106,6 +106,7 @@ SearchResult search_plans(const SearchRequest& req) {
 
   SearchResult result;
   std::vector<Prediction> all;
+  const std::vector<PeftKind> peft_list = req.pefts.empty() ? std::vector<PeftKind>{req.base.peft} : req.pefts;
   bool skipped_single_rank = false;
   for (int stage : req.stages) {
     for (OffloadDevice off_opt : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
@@ -131,8 +132,9 @@ SearchResult search_plans(const SearchRequest& req) {
               } else {
                 gas_list = req.gas_values;
               }
-              for (int64_t gas : gas_list) {
+              for (int64_t gas : gas_list) for (PeftKind peft : peft_list) {
                 TrainConfig c = req.base;
+                c.peft = peft;
                 c.zero_stage = stage;
                 c.offload_optimizer = off_opt;
                 c.offload_params = off_par;
@@ -143,9 +145,9 @@ SearchResult search_plans(const SearchRequest& req) {
                     c.offload_pipeline && off_opt == OffloadDevice::kCpu && req.overlap_forward;
                 c.micro_batch = micro;
                 c.gas = gas;
-                if (c.engine != Engine::kStepcast) {
+                if (c.engine != Engine::kStepcast || c.peft_enabled()) {
                   try {
-                    validate_config(c);  // what the peer engine cannot run is not a plan for it
+                    validate_config(c);  // what the peer engine (or PEFT) cannot run is not a plan for it
                   } catch (const InputError&) {
                     continue;
                   }

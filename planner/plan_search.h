@@ -29,6 +29,9 @@ struct SearchRequest {
   // (--offload-pipeline full) instead of ending the step.
   bool overlap_forward = false;
   std::vector<bool> checkpointing = {false, true};
+  // Fine-tuning methods to search (recommend --peft auto: full, LoRA and QLoRA side by side);
+  // empty: the base configuration's alone.
+  std::vector<PeftKind> pefts;
 };
 
 // The best configuration of one family (stage + offload + optimizer) and why

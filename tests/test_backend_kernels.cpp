@@ -563,17 +563,36 @@ TEST_CASE("LoRA: a layer with adapters equals the layer with merged weights W + 
     TinyLayer t;
     const int64_t r = 4;
     const double alpha = 8.0, s = alpha / r;
-    const UnitLayout adapters = build_adapter_layout({t.base}, r, targets, 1).at(0);
+    const UnitLayout adapters = build_adapter_layout(t.spec, {t.base}, r, targets, 1).at(0);
     torch::Tensor aflat = torch::randn({adapters.padded_numel}, torch::kDouble) * 0.1;  // B nonzero too
     UnitParams frozen = make_views(t.base, t.flat, false);
     UnitParams p = make_views(adapters, aflat, true);
     p.frozen = &frozen;
     // The merged weights, trainable, for the reference.
     torch::Tensor merged = t.flat.clone();
+    // Segment s of a fused weight (q, k, v; gate, up) gains s B_s A_s: B's rows of the segment
+    // times A's s-th block of r rows. test-llama-tiny: q 64, k and v 32 rows; gate and up 160.
+    const auto segment_rows = [&](const std::string& stem) {
+      const ModelSpec& m = t.spec;
+      if (stem == "qkv") return std::vector<int64_t>{m.q_dim(), m.kv_dim(), m.kv_dim()};
+      if (stem == "up") return std::vector<int64_t>{m.intermediate_size, m.intermediate_size};
+      return std::vector<int64_t>{stem == "o" || stem == "down" ? m.hidden_size : 0};
+    };
+    const auto delta = [&](const std::string& stem, const torch::Tensor& A, const torch::Tensor& B) {
+      const std::vector<int64_t> rows = segment_rows(stem);
+      std::vector<torch::Tensor> blocks;
+      int64_t row = 0;
+      for (size_t k = 0; k < rows.size(); ++k) {
+        blocks.push_back(torch::matmul(B.narrow(0, row, rows[k]), A.narrow(0, static_cast<int64_t>(k) * r, r)));
+        row += rows[k];
+      }
+      return torch::cat(blocks, 0) * s;
+    };
     for (const ParamSlot& w : t.base.params) {
       if (!lora_targeted(w.name, targets)) continue;
       const std::string stem = w.name.substr(0, w.name.size() - 7);
-      torch::Tensor dw = torch::matmul(p[stem + ".lora_b"].detach(), p[stem + ".lora_a"].detach()) * s;
+      const torch::Tensor dw = delta(stem, p[stem + ".lora_a"].detach(), p[stem + ".lora_b"].detach());
+      REQUIRE(dw.numel() == w.numel);
       merged.narrow(0, w.offset, w.numel).add_(dw.view({-1}));
     }
     UnitParams m = make_views(t.base, merged, true);
@@ -595,10 +614,20 @@ TEST_CASE("LoRA: a layer with adapters equals the layer with merged weights W + 
       }
       ++adapted;
       CAPTURE(stem);
+      // Per segment: dL/dB_s = s G_s A_s^T, dL/dA_s = s B_s^T G_s, G_s the segment's rows of G.
       const torch::Tensor G = m[w.name].grad();
       const torch::Tensor A = p[stem + ".lora_a"].detach(), B = p[stem + ".lora_b"].detach();
-      CHECK(torch::allclose(p[stem + ".lora_b"].grad(), s * torch::matmul(G, A.t()), 1e-12, 1e-12));
-      CHECK(torch::allclose(p[stem + ".lora_a"].grad(), s * torch::matmul(B.t(), G), 1e-12, 1e-12));
+      const std::vector<int64_t> rows = segment_rows(stem);
+      int64_t row = 0;
+      for (size_t k = 0; k < rows.size(); ++k) {
+        const torch::Tensor Gs = G.narrow(0, row, rows[k]), As = A.narrow(0, static_cast<int64_t>(k) * r, r);
+        const torch::Tensor Bs = B.narrow(0, row, rows[k]);
+        CHECK(torch::allclose(p[stem + ".lora_b"].grad().narrow(0, row, rows[k]), s * torch::matmul(Gs, As.t()), 1e-12,
+                              1e-12));
+        CHECK(torch::allclose(p[stem + ".lora_a"].grad().narrow(0, static_cast<int64_t>(k) * r, r),
+                              s * torch::matmul(Bs.t(), Gs), 1e-12, 1e-12));
+        row += rows[k];
+      }
     }
     CHECK(adapted == (targets == LoraTargets::kAll ? 4 : 2));
     // The frozen weights get no gradient.

@@ -203,3 +203,84 @@ TEST_CASE("fits: 70B does not fit on one H200 without offload, fits with stage-3
   const Prediction big = evaluate(m, hw, c, ResourceLimits{0, 2048.0 * 1073741824.0, 0});
   CHECK(big.fits);
 }
+
+TEST_CASE("PEFT: LoRA's trainable parameters match Hugging Face PEFT's count; frozen storage by hand") {
+  // Hugging Face PEFT's print_trainable_parameters() for llama-2-7b with LoraConfig(r=16,
+  // target_modules=q,k,v,o,gate,up,down) reads "trainable params: 39,976,960 || all params:
+  // 6,778,392,576" (a figure that recurs in PEFT's issue tracker and tutorials). By hand: per
+  // layer 16 x [q (4096 + 4096) + k, v (4096 + 4096 each) + o (4096 + 4096) + gate, up (4096 +
+  // 11008 each) + down (11008 + 4096)] = 16 x 78 080 = 1 249 280; x 32 layers = 39 976 960.
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(0, 1);
+  c.peft = PeftKind::kLora;
+  c.lora_rank = 16;
+  c.lora_targets = LoraTargets::kAll;
+  CHECK(lora_params(m, c) == 39976960.0);
+  CHECK(static_cast<double>(m.total_params()) + lora_params(m, c) == 6778392576.0);
+  // Attention only: 16 x 4 x (4096 + 4096) x 32 = 16 777 216; MLP only: the rest.
+  c.lora_targets = LoraTargets::kAttention;
+  CHECK(lora_params(m, c) == 16777216.0);
+  c.lora_targets = LoraTargets::kMlp;
+  CHECK(lora_params(m, c) == 39976960.0 - 16777216.0);
+  c.lora_targets = LoraTargets::kAll;
+
+  // LoRA, stage 0, bf16 AdamW: frozen base 2 B per weight, adapters 2 (weights) + 2 (gradients) +
+  // 12 (fp32 master + two moments) B each.
+  const double psi = 6738415616.0, lora = 39976960.0;
+  MemoryFeatures f = make_features(m, hw, c).memory;
+  CHECK(f.gpu_params_bytes == doctest::Approx(2.0 * psi + 2.0 * lora));
+  CHECK(f.gpu_grads_bytes == doctest::Approx(2.0 * lora));
+  CHECK(f.gpu_opt_states_bytes == doctest::Approx(12.0 * lora));
+
+  // QLoRA: the 32 layers' projection weights in NF4 (0.5 B + one fp32 scale per 64 values =
+  // 0.5625 B): 32 x 4096 x (12288 + 4096 + 22016 + 11008) = 6 476 005 376 weights; embeddings,
+  // head and norms (262 410 240) stay 2 B.
+  c.peft = PeftKind::kQlora;
+  CHECK(nf4_params(m, c) == 6476005376.0);
+  CHECK(frozen_weight_bytes(m, c) == doctest::Approx(6476005376.0 * 0.5625 + 262410240.0 * 2.0));
+  f = make_features(m, hw, c).memory;
+  CHECK(f.gpu_params_bytes == doctest::Approx(6476005376.0 * 0.5625 + 262410240.0 * 2.0 + 2.0 * lora));
+
+  // Stage 3 on 8 GPUs shards the frozen base and the adapters' states alike.
+  c.zero_stage = 3;
+  c.gpus_per_node = 8;
+  f = make_features(m, hw, c).memory;
+  CHECK(f.gpu_params_bytes == doctest::Approx((6476005376.0 * 0.5625 + 262410240.0 * 2.0 + 2.0 * lora) / 8.0));
+  CHECK(f.gpu_opt_states_bytes == doctest::Approx(12.0 * lora / 8.0));
+}
+
+TEST_CASE("PEFT: no weight gradients for frozen weights; the dequantisation adds traffic; 70B QLoRA fits one H200") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig full = config(0, 1);
+  full.micro_batch = 4;
+  full.gas = 4;
+  TrainConfig lora = full;
+  lora.peft = PeftKind::kLora;
+  TrainConfig qlora = full;
+  qlora.peft = PeftKind::kQlora;
+  const StepFeatures fl = make_features(m, hw, lora).step;
+  CHECK(fl.weight_grad_frac == 0.0);
+  CHECK(make_features(m, hw, full).step.weight_grad_frac == 1.0);
+  // One pass over the NF4 weights reads 0.5625 B and writes a 2 B weight each.
+  CHECK(make_features(m, hw, qlora).step.dequant_bytes_pass == doctest::Approx(6476005376.0 * 2.5625));
+  const Prediction pf = evaluate(m, hw, full), pl = evaluate(m, hw, lora), pq = evaluate(m, hw, qlora);
+  // Without weight gradients the backward's GEMMs halve: LoRA is faster than full fine-tuning,
+  // QLoRA slower than LoRA (the dequantisation) and lighter on memory.
+  CHECK(pl.time.backward_s < 0.8 * pf.time.backward_s);
+  CHECK(pq.time.step_s > pl.time.step_s);
+  CHECK(pq.memory.gpu_total_bytes < pl.memory.gpu_total_bytes - 8e9);
+  // MFU's numerator: 4 N for frozen weights + 6 N_lora + attention.
+  CHECK(model_flops_per_token(m, lora) ==
+        doctest::Approx(model_flops_per_token(m, full) - 2.0 * 6738415616.0 + 6.0 * 39976960.0));
+
+  // 70B: full fine-tuning and 16-bit LoRA do not fit one H200 without offload; QLoRA does.
+  const ModelSpec big = model("llama-2-70b");
+  TrainConfig q70 = config(0, 1);
+  q70.peft = PeftKind::kQlora;
+  q70.activation_checkpointing = true;
+  CHECK(evaluate(big, hw, q70).fits);
+  q70.peft = PeftKind::kLora;
+  CHECK(!evaluate(big, hw, q70).fits);
+}

@@ -39,7 +39,7 @@ ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runt
   validate_config(cfg_);
   if (cfg_.peft_enabled()) {
     frozen_layout_ = build_frozen_layout(base_layout_, cfg_.peft == PeftKind::kQlora, world_);
-    layout_ = build_adapter_layout(base_layout_, cfg_.lora_rank, cfg_.lora_targets, world_);
+    layout_ = build_adapter_layout(spec_, base_layout_, cfg_.lora_rank, cfg_.lora_targets, world_);
   } else {
     layout_ = base_layout_;
   }

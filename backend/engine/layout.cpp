@@ -111,8 +111,14 @@ bool lora_targeted(const std::string& w, LoraTargets t) {
   return (attention && t != LoraTargets::kMlp) || (mlp && t != LoraTargets::kAttention);
 }
 
-std::vector<UnitLayout> build_adapter_layout(const std::vector<UnitLayout>& base, int64_t rank, LoraTargets targets,
-                                             int world) {
+int64_t lora_segments(const ModelSpec& spec, const std::string& stem) {
+  if (stem == "qkv") return 3;
+  if (stem == "up" && spec.gated_mlp) return 2;
+  return 1;
+}
+
+std::vector<UnitLayout> build_adapter_layout(const ModelSpec& spec, const std::vector<UnitLayout>& base, int64_t rank,
+                                             LoraTargets targets, int world) {
   std::vector<UnitLayout> out;
   for (const UnitLayout& b : base) {
     UnitBuilder u(b.kind, b.name);
@@ -120,7 +126,8 @@ std::vector<UnitLayout> build_adapter_layout(const std::vector<UnitLayout>& base
       for (const ParamSlot& p : b.params) {
         if (!lora_targeted(p.name, targets)) continue;
         const std::string stem = p.name.substr(0, p.name.size() - std::string(".weight").size());
-        u.add(stem + ".lora_a", {rank, p.shape[1]}, Init::kLoraA);
+        const int64_t segments = lora_segments(spec, stem);
+        u.add(stem + ".lora_a", {segments * rank, p.shape[1]}, Init::kLoraA);
         u.add(stem + ".lora_b", {p.shape[0], rank}, Init::kZeros);
       }
     out.push_back(u.finish(world));

@@ -49,11 +49,18 @@ int64_t total_numel(const std::vector<UnitLayout>& units);
 // carries an adapter for `targets`.
 bool lora_targeted(const std::string& weight_name, LoraTargets targets);
 
+// The projections the backend fuses: q, k and v in "qkv", gate and up in "up" (gated MLPs).
+// Each fused part gets an adapter of its own, as Hugging Face PEFT adapts q_proj, k_proj,
+// v_proj, gate_proj and up_proj separately: S segments of rank r (3 for qkv, 2 for a gated up,
+// else 1).
+int64_t lora_segments(const ModelSpec& spec, const std::string& stem);
+
 // PEFT's trainable units, one per base unit, in the same order: for each targeted weight
-// "X.weight" (out x in) of a layer, "X.lora_a" (rank x in) and "X.lora_b" (out x rank). The
-// embedding and head units hold no adapter: their buffers are padding only (one block per
-// rank), so that every unit reduces and gathers alike.
-std::vector<UnitLayout> build_adapter_layout(const std::vector<UnitLayout>& base, int64_t rank,
+// "X.weight" (out x in) of a layer, "X.lora_a" (S r x in: the segments' A matrices stacked)
+// and "X.lora_b" (out x r: segment s's B in its own rows of the weight), so that segment s of
+// the output gains (alpha / r) B_s A_s x. The embedding and head units hold no adapter: their
+// buffers are padding only (one block per rank), so that every unit reduces and gathers alike.
+std::vector<UnitLayout> build_adapter_layout(const ModelSpec& spec, const std::vector<UnitLayout>& base, int64_t rank,
                                              LoraTargets targets, int world_size);
 
 // PEFT's frozen base weights of one unit, by storage: parameters in the working precision,

@@ -57,8 +57,23 @@ torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, co
   }
   if (p.has(stem + ".lora_a")) {
     const torch::Tensor a_in = lora_.dropout > 0.0 ? torch::dropout(x, lora_.dropout, /*train=*/true) : x;
-    const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);
-    y = y + torch::nn::functional::linear(low, p[stem + ".lora_b"]) * lora_.scale;
+    const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);  // (..., S r)
+    const torch::Tensor& b = p[stem + ".lora_b"];
+    torch::Tensor delta;
+    if (stem == "qkv" || (stem == "up" && spec_.gated_mlp)) {
+      // Fused projections: segment s of the output from its own rank-r slice of `low`.
+      const std::vector<int64_t> rows = stem == "qkv"
+                                            ? std::vector<int64_t>{spec_.q_dim(), spec_.kv_dim(), spec_.kv_dim()}
+                                            : std::vector<int64_t>{spec_.intermediate_size, spec_.intermediate_size};
+      const auto lows = low.chunk(static_cast<int64_t>(rows.size()), -1);
+      const auto bs = b.split_with_sizes(rows, 0);
+      std::vector<torch::Tensor> parts;
+      for (size_t k = 0; k < rows.size(); ++k) parts.push_back(torch::nn::functional::linear(lows[k], bs[k]));
+      delta = torch::cat(parts, -1);
+    } else {
+      delta = torch::nn::functional::linear(low, b);
+    }
+    y = y + delta * lora_.scale;
   }
   return y;
 }

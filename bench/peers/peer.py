@@ -210,9 +210,139 @@ def build_fsdp2(cfg, c, local_rank):
     return micro, n_params
 
 
+NF4_LEVELS = None
+
+
+def nf4_levels():
+    """QLoRA's NF4 code book (Dettmers et al. 2023, appendix E), as published."""
+    return torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                         -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                         0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+                         0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], device="cuda")
+
+
+def nf4_quantize(w):
+    """Block-wise (64) absmax NF4 codes, two per byte (first value in the low nibble), and scales."""
+    levels = nf4_levels()
+    blocks = w.float().reshape(-1, 64)
+    absmax = blocks.abs().amax(1)
+    y = blocks / absmax.clamp_min(1e-30)[:, None]
+    codes = torch.bucketize(y, (levels[1:] + levels[:-1]) / 2, right=True).to(torch.uint8).reshape(-1, 2)
+    return codes[:, 0] | (codes[:, 1] << 4), absmax
+
+
+def nf4_dequantize(codes, absmax, dtype):
+    levels = nf4_levels()
+    idx = torch.stack([codes & 15, codes >> 4], 1).reshape(-1).long()
+    return (levels[idx].reshape(-1, 64) * absmax[:, None]).reshape(-1).to(dtype)
+
+
+class Nf4Matmul(torch.autograd.Function):
+    """x W^T with W dequantised from NF4 in the forward and again in the backward (nothing 16-bit saved)."""
+
+    @staticmethod
+    def forward(ctx, x, codes, absmax, shape):
+        ctx.save_for_backward(codes, absmax)
+        ctx.shape = shape
+        return x @ nf4_dequantize(codes, absmax, x.dtype).view(shape).t()
+
+    @staticmethod
+    def backward(ctx, g):
+        codes, absmax = ctx.saved_tensors
+        return g @ nf4_dequantize(codes, absmax, g.dtype).view(ctx.shape), None, None, None
+
+
+class LoraLinear(torch.nn.Module):
+    """A frozen projection (bf16, or NF4 codes) plus (alpha / r) B A on its input, B starting at zero."""
+
+    def __init__(self, base, rank, alpha, qlora):
+        super().__init__()
+        out_f, in_f = base.weight.shape
+        self.shape = (out_f, in_f)
+        self.qlora = qlora
+        if qlora:
+            codes, absmax = nf4_quantize(base.weight.data)
+            self.register_buffer("codes", codes)
+            self.register_buffer("absmax", absmax)
+        else:
+            self.weight = torch.nn.Parameter(base.weight.data, requires_grad=False)
+        self.bias = None if base.bias is None else torch.nn.Parameter(base.bias.data, requires_grad=False)
+        dtype = base.weight.dtype
+        self.lora_a = torch.nn.Parameter(torch.empty(rank, in_f, device="cuda", dtype=dtype).uniform_(
+            -1.0 / math.sqrt(in_f), 1.0 / math.sqrt(in_f)))
+        self.lora_b = torch.nn.Parameter(torch.zeros(out_f, rank, device="cuda", dtype=dtype))
+        self.scale = alpha / rank
+
+    def forward(self, x):
+        if self.qlora:
+            y = Nf4Matmul.apply(x, self.codes, self.absmax, self.shape)
+        else:
+            y = torch.nn.functional.linear(x, self.weight)
+        if self.bias is not None:
+            y = y + self.bias
+        return y + torch.nn.functional.linear(torch.nn.functional.linear(x, self.lora_a), self.lora_b) * self.scale
+
+
+def build_torch_peft(cfg, c, local_rank):
+    """LoRA / QLoRA written from torch's own operations with the backend's math (no PEFT or
+    bitsandbytes on the GPU host): every linear layer of the decoder layers ("all" targets) or of
+    the attention or MLP only becomes a LoraLinear; torch's fused AdamW steps the adapters."""
+    with torch.device("meta"):
+        model = causal_lm(cfg, torch.bfloat16 if c["precision"] == "bf16" else torch.float32)
+    model.to_empty(device=f"cuda:{local_rank}")
+    init_weights(model)
+    with torch.no_grad():  # buffers built on the meta device: recompute the rotary frequencies
+        for mod in model.modules():
+            if hasattr(mod, "inv_freq") and hasattr(mod, "rope_init_fn"):
+                inv_freq, _ = mod.rope_init_fn(mod.config, mod.inv_freq.device)
+                mod.inv_freq.copy_(inv_freq)
+                if hasattr(mod, "original_inv_freq"):
+                    mod.original_inv_freq = inv_freq
+    for p in model.parameters():
+        p.requires_grad_(False)
+    attention_names = ("q_proj", "k_proj", "v_proj", "o_proj", "query_key_value", "dense", "out_proj")
+    for layer in layer_list(model):
+        for name, mod in list(layer.named_modules()):
+            if not isinstance(mod, torch.nn.Linear):
+                continue
+            leaf = name.split(".")[-1]
+            is_attention = leaf in attention_names and ("attn" in name or "attention" in name)
+            if c["lora_targets"] == "attention" and not is_attention:
+                continue
+            if c["lora_targets"] == "mlp" and is_attention:
+                continue
+            parent = layer.get_submodule(".".join(name.split(".")[:-1])) if "." in name else layer
+            setattr(parent, leaf, LoraLinear(mod, c["lora_rank"], c["lora_alpha"], c["peft"] == "qlora"))
+    torch.cuda.empty_cache()
+    if c["activation_checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
+    n_params = sum(p.numel() for p in trainable)
+
+    def micro(tokens, last):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model(input_ids=tokens, labels=tokens)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        (out.loss / c["gas"]).backward()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        o = 0.0
+        if last:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            o = time.perf_counter() - t2
+        return out.loss.item(), t1 - t0, t2 - t1, o, None
+
+    return micro, n_params
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--engine", required=True, choices=["deepspeed", "fsdp2"])
+    p.add_argument("--engine", required=True, choices=["deepspeed", "fsdp2", "torch-peft"])
     p.add_argument("--plan", required=True, help="planner explain --json output; plans[0].config runs")
     p.add_argument("--model-card", required=True)
     p.add_argument("--model-name", default="", help="the name recorded (default: the card's name)")
@@ -238,6 +368,11 @@ def main():
             fail("--deepspeed-config is required with --engine deepspeed")
         ds_config = json.load(open(a.deepspeed_config))
         micro, n_params = build_deepspeed(cfg, c, ds_config, local_rank)
+    elif a.engine == "torch-peft":
+        if c.get("peft", "none") == "none" or world != 1:
+            fail(f"{a.plan}: --engine torch-peft runs a LoRA or QLoRA plan on one GPU")
+        dist.init_process_group("nccl")
+        micro, n_params = build_torch_peft(cfg, c, local_rank)
     else:
         micro, n_params = build_fsdp2(cfg, c, local_rank)
     torch.cuda.synchronize()
