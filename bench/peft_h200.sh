@@ -31,6 +31,30 @@ for part in "$@"; do
           --json-out "$OUT/peer_ours.jsonl"
       done
       python3 bench/peft_peer_table.py "$OUT/peer_ours.jsonl" "$OUT/peer_torch.jsonl" ;;
+    alloc)
+      # The same three plans with the default allocator, then with expandable segments.
+      grep -v '^#' bench/runlists/peft_alloc.txt | while read -r model n flags; do
+        [[ -z "$model" ]] && continue
+        for conf in default expandable_segments:True; do
+          if [[ $conf == default ]]; then unset PYTORCH_CUDA_ALLOC_CONF; else export PYTORCH_CUDA_ALLOC_CONF=$conf; fi
+          $B/backend/train --model "$model" $flags --device cuda --steps 4 --warmup 1 --quiet \
+            --json-out "$OUT/alloc_$conf.jsonl"
+        done
+        unset PYTORCH_CUDA_ALLOC_CONF
+      done
+      python3 - "$OUT" <<'PY'
+import json, sys
+for conf in ("default", "expandable_segments:True"):
+    for line in open(f"{sys.argv[1]}/alloc_{conf}.jsonl"):
+        r = json.loads(line)
+        if r["warmup"] or r["step"] != 4:
+            continue
+        c, m = r["config"], r["memory_bytes"]
+        print(f"{conf:26s} {r['model']:12s} {c['peft']:5s} r{c['lora_rank']:<3d} {c['lora_targets']:9s} mb{c['micro_batch']:<2d} "
+              f"step {r['time_s']['step']:.3f} s  allocated {m['gpu_peak_allocated'] / 2**30:.1f}  reserved "
+              f"{m['gpu_peak_reserved'] / 2**30:.1f} GiB")
+PY
+      ;;
     recommend)
       $B/planner/planner recommend --model 70b --gpus 1 --peft auto --global-batch 16 > "$OUT/recommend_70b.txt"
       $B/planner/planner recommend --model 70b --gpus 1 --peft auto --global-batch 16 --json > "$OUT/recommend_70b.json"

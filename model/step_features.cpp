@@ -227,6 +227,18 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       lora_act_per_layer += p.segments * r + (c.lora_dropout > 0.0 ? p.in : 0.0);
     }
     f.dequant_bytes_pass = nf4_params(spec, c) * (kNf4BytesPerParam + wb);
+    // A frozen projection without an adapter needs no weight gradient, so autograd keeps no
+    // copy of its input (its input gradient needs the weight only): the activation count
+    // (activation_elems_per_token_per_layer) loses that input, as measured with attention-only
+    // adapters (docs/peft.md). Where one norm feeds attention and MLP (GPT-J) their input is one
+    // tensor, kept while either projection has an adapter.
+    const auto proj = projections(spec, c);
+    double unsaved = 0.0;
+    for (const Projection& p : proj)
+      if (!p.adapted) unsaved += p.in;
+    const bool shared_input = spec.parallel_residual && spec.norms_per_layer == 1;
+    if (shared_input && (!proj[0].adapted || !proj[2].adapted)) unsaved -= h;
+    lora_act_per_layer -= unsaved;
   }
   const double act_per_layer = activation_elems_per_token_per_layer(spec, c.attention, s);
   f.elementwise_bytes_fwd = tokens * L * act_per_layer * wb;

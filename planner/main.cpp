@@ -313,6 +313,7 @@ int run_compare(CompareOptions& co) {
       req.limits = limits_of(lo);
       req.global_batch = co.global_batch;
       req.overlap_forward = eng == Engine::kStepcast;
+      if (lo.peft == "auto") req.pefts = {PeftKind::kNone, PeftKind::kLora, PeftKind::kQlora};
       const SearchResult res = search_plans(req);
       // A pod of published size may be what holds a row back: the same search on the profile's
       // whole-server host says whether a plan needing more host memory or cores runs faster.
@@ -928,6 +929,12 @@ int main_impl(int argc, char** argv) {
   cmpc->add_option("--global-batch", cmp.global_batch, "sequences per optimizer step across all ranks")->capture_default_str();
   cmpc->add_option("--seq", cmp.common.seq, "sequence length in tokens")->capture_default_str();
   cmpc->add_option("--precision", cmp.common.precision, "fp32 | bf16 | fp16")->capture_default_str();
+  cmpc->add_option("--peft", cmp.common.peft,
+                   "none | lora | qlora | auto: full fine-tuning, LoRA or QLoRA adapters, or the best of the three "
+                   "per row")
+      ->capture_default_str();
+  cmpc->add_option("--lora-rank", cmp.common.lora_rank, "LoRA rank r")->capture_default_str();
+  cmpc->add_option("--lora-targets", cmp.common.lora_targets, "attention | mlp | all")->capture_default_str();
   cmpc->add_option("--data-dir", cmp.common.data_dir, "folder with models/ and hardware/ (default: the build's data/)");
   cmpc->add_option("--svg", cmp.svg, "write the cost-against-time plot with its Pareto front to FILE");
   cmpc->add_flag("--json", cmp.common.json, "print one JSON object instead of the table");

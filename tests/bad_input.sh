@@ -107,6 +107,16 @@ for flag in --offload-optimizer --offload-params --optimizer --offload-pipeline 
 done
 t 2 "--optimizers" "$PLANNER" recommend --model 7b --optimizers adamw,sgd
 t 2 "--engine" "$PLANNER" recommend --model 7b --engine torch
+# PEFT settings: methods, ranks, targets, what an engine or a command cannot take.
+t 2 "--peft.*dora" "$PLANNER" recommend --model 7b --peft dora
+t 2 "--lora-rank 0" "$PLANNER" explain --model 7b --peft lora --lora-rank 0
+t 2 "--lora-targets.*ffn" "$PLANNER" explain --model 7b --peft lora --lora-targets ffn
+t 2 "--lora-dropout" "$PLANNER" explain --model 7b --peft lora --lora-dropout 1.5
+t 2 "--peft auto.*recommend" "$PLANNER" explain --model 7b --peft auto
+t 2 "--peft lora.*--engine" "$PLANNER" explain --model 7b --peft lora --engine deepspeed --stage 2
+t 2 "--peft qlora.*--offload-params" "$PLANNER" explain --model 7b --peft qlora --stage 3 --offload-optimizer cpu --offload-params cpu
+t 2 "--peft.*qlora4" "$TRAIN" --model test-llama-tiny --device cpu --peft qlora4
+t 2 "--lora-rank 5000" "$TRAIN" --model test-llama-tiny --device cpu --peft lora --lora-rank 5000
 for flag in --offload-optimizer --offload-params --optimizer --precision --checkpointing --offload-pipeline \
             --split-master --cpu-simd --cpu-bind --device; do
   t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" maybe
