@@ -37,6 +37,9 @@ run rec_6b_json "$PLANNER" recommend --model 6b --gpus 2 --json
 run rec_llama7_ds "$PLANNER" recommend --model llama-2-7b --gpus 2 --engine deepspeed --json
 run rec_llama7_on "$PLANNER" recommend --model llama-2-7b --gpus 2 --offload-pipeline on --top 8
 run rec_70b_nodes "$PLANNER" recommend --model llama-2-70b --gpus 8 --nodes 2 --train-tokens 1e9
+run rec_70b_peft "$PLANNER" recommend --model 70b --gpus 1 --peft auto --global-batch 16
+run rec_70b_peft_json "$PLANNER" recommend --model 70b --gpus 1 --peft auto --global-batch 16 --json
+run exp_7b_qlora_ds "$PLANNER" explain --model llama-2-7b --gpus 2 --stage 2 --peft qlora --lora-targets attention --micro-batch 4 --gas 4 --deepspeed-config "$OUT/exp_7b_qlora_ds.json"
 run cmp_6b "$PLANNER" compare --model 6b --train-tokens 1e9 --svg "$OUT/cmp_6b.svg" --k8s-manifest "$OUT/cmp_6b.yaml"
 run cmp_6b_json "$PLANNER" compare --model 6b --train-tokens 1e9 --json --deadline-hours 5 --budget-usd 150 --price a40=0.5
 run cmp_70b_ds "$PLANNER" compare --model 70b --train-tokens 1e9 --engine deepspeed --provider coreweave --max-gpus 32 --k8s-manifest "$OUT/cmp_70b_ds.yaml"
