@@ -124,7 +124,8 @@ struct Projection {
 std::array<Projection, 4> projections(const ModelSpec& m, const TrainConfig& c) {
   const double h = static_cast<double>(m.hidden_size), i = static_cast<double>(m.intermediate_size);
   const bool attention = c.lora_targets != LoraTargets::kMlp, mlp = c.lora_targets != LoraTargets::kAttention;
-  return {Projection{static_cast<double>(m.q_dim() + 2 * m.kv_dim()), h, attention, 3.0},
+  // GPT-NeoX keeps q, k and v in one module (query_key_value): one adapter there.
+  return {Projection{static_cast<double>(m.q_dim() + 2 * m.kv_dim()), h, attention, m.model_type == "gpt_neox" ? 1.0 : 3.0},
           Projection{h, static_cast<double>(m.q_dim()), attention, 1.0},
           Projection{m.gated_mlp ? 2.0 * i : i, h, mlp, m.gated_mlp ? 2.0 : 1.0}, Projection{h, i, mlp, 1.0}};
 }

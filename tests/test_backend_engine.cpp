@@ -48,6 +48,14 @@ TEST_CASE("the other families: GPT-NeoX and GPT-J, stage 3 + offload equals stag
     REQUIRE(train(common + " --stage 0 --dump-params " + a.string()) == 0);
     REQUIRE(train(common + " --stage 3 --offload-optimizer cpu --checkpointing on --dump-params " + b.string()) == 0);
     CHECK(rel_error(load_params(b), load_params(a)) < g_tol);
+    // With adapters (NeoX: one on query_key_value; GPT-J: q, k and v each), LoRA and QLoRA alike.
+    for (const char* peft : {"lora", "qlora"}) {
+      CAPTURE(std::string(peft));
+      const std::string p = common + " --lr 1e-2 --peft " + peft + " --lora-rank 4";
+      REQUIRE(train(p + " --stage 0 --dump-params " + a.string()) == 0);
+      REQUIRE(train(p + " --stage 3 --offload-optimizer cpu --checkpointing on --dump-params " + b.string()) == 0);
+      CHECK(rel_error(load_params(b), load_params(a)) < g_tol);
+    }
   }
 }
 

@@ -275,6 +275,13 @@ TEST_CASE("PEFT: no weight gradients for frozen weights; the dequantisation adds
   CHECK(model_flops_per_token(m, lora) ==
         doctest::Approx(model_flops_per_token(m, full) - 2.0 * 6738415616.0 + 6.0 * 39976960.0));
 
+  // GPT-NeoX keeps q, k, v in one module (query_key_value), which PEFT adapts as one: pythia-2.8b
+  // (h 2560, i 10240, 32 layers) at r 8 on query_key_value, dense, dense_h_to_4h, dense_4h_to_h:
+  // 8 x [(2560 + 7680) + (2560 + 2560) + (2560 + 10240) + (10240 + 2560)] x 32 = 10 485 760.
+  TrainConfig neox = lora;
+  neox.lora_rank = 8;
+  CHECK(lora_params(model("pythia-2.8b"), neox) == 10485760.0);
+
   // 70B: full fine-tuning and 16-bit LoRA do not fit one H200 without offload; QLoRA does.
   const ModelSpec big = model("llama-2-70b");
   TrainConfig q70 = config(0, 1);

@@ -112,7 +112,7 @@ bool lora_targeted(const std::string& w, LoraTargets t) {
 }
 
 int64_t lora_segments(const ModelSpec& spec, const std::string& stem) {
-  if (stem == "qkv") return 3;
+  if (stem == "qkv") return spec.model_type == "gpt_neox" ? 1 : 3;  // NeoX's query_key_value is one module
   if (stem == "up" && spec.gated_mlp) return 2;
   return 1;
 }

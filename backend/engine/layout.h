@@ -50,8 +50,9 @@ int64_t total_numel(const std::vector<UnitLayout>& units);
 bool lora_targeted(const std::string& weight_name, LoraTargets targets);
 
 // The projections the backend fuses: q, k and v in "qkv", gate and up in "up" (gated MLPs).
-// Each fused part gets an adapter of its own, as Hugging Face PEFT adapts q_proj, k_proj,
-// v_proj, gate_proj and up_proj separately: S segments of rank r (3 for qkv, 2 for a gated up,
+// Each part that the Hugging Face model keeps as a module of its own gets an adapter of its
+// own, as PEFT adapts q_proj, k_proj, v_proj, gate_proj and up_proj separately: S segments of
+// rank r (3 for qkv, but 1 for GPT-NeoX, whose query_key_value is one module; 2 for a gated up;
 // else 1).
 int64_t lora_segments(const ModelSpec& spec, const std::string& stem);
 

@@ -60,7 +60,7 @@ torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, co
     const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);  // (..., S r)
     const torch::Tensor& b = p[stem + ".lora_b"];
     torch::Tensor delta;
-    if (stem == "qkv" || (stem == "up" && spec_.gated_mlp)) {
+    if (lora_segments(spec_, stem) > 1) {
       // Fused projections: segment s of the output from its own rank-r slice of `low`.
       const std::vector<int64_t> rows = stem == "qkv"
                                             ? std::vector<int64_t>{spec_.q_dim(), spec_.kv_dim(), spec_.kv_dim()}
