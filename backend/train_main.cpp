@@ -283,6 +283,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
       nlohmann::json j;
       j["model"] = spec.name;
       j["params"] = spec.total_params();
+      if (cfg.peft_enabled()) j["trainable_params"] = engine->num_params();  // the adapters (padding excluded)
       j["config"] = train_config_to_json(cfg);
       j["step"] = r.step;
       j["warmup"] = s < f.warmup;
