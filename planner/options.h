@@ -1,0 +1,50 @@
+// The flags recommend, explain and validate share (compare takes a subset), and the
+// configuration, limits and data folder they give.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "model/step_features.h"
+#include "model/train_config.h"
+
+namespace stepcast {
+
+struct CommonOptions {
+  std::string model;
+  std::string hardware = "h200-sxm";
+  std::string data_dir;
+  int gpus = 1;
+  int nodes = 1;
+  int64_t seq = 2048;
+  std::string precision = "bf16";
+  std::string attention = "flash";
+  double gpu_mem_gib = 0;
+  double cpu_mem_gib = 0;
+  double cpu_cores = 0;
+  bool json = false;
+  std::string deepspeed_config;
+  std::string accelerate_config;
+  std::string fsdp_config;
+  double train_tokens = 0;
+  std::string peft = "none";
+  int64_t lora_rank = 16;
+  std::string lora_targets = "all";
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.0;
+};
+
+void add_common(CLI::App* app, CommonOptions& o);
+std::filesystem::path data_dir(const CommonOptions& o);
+
+// A flag's number: 0 when omitted (where `allow_zero`), else within [lo, hi]; InputError otherwise.
+void check_range(const char* flag, double v, double lo, double hi, bool allow_zero);
+
+// The base configuration of a search or an explanation: GPUs, nodes, sequence, precision,
+// attention, PEFT settings (--peft auto leaves full fine-tuning: recommend searches the methods).
+TrainConfig base_config(const CommonOptions& o);
+ResourceLimits limits_of(const CommonOptions& o);
+
+}  // namespace stepcast
