@@ -210,15 +210,19 @@ def build_fsdp2(cfg, c, local_rank):
     return micro, n_params
 
 
-NF4_LEVELS = None
+NF4_LEVELS = {}
 
 
-def nf4_levels():
-    """QLoRA's NF4 code book (Dettmers et al. 2023, appendix E), as published."""
-    return torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-                         -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-                         0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-                         0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], device="cuda")
+def nf4_levels(device="cuda"):
+    """QLoRA's NF4 code book (Dettmers et al. 2023, appendix E), as published; one copy per device,
+    built once (a host-to-device copy per dequantisation would be timed with the peer's step)."""
+    if device not in NF4_LEVELS:
+        NF4_LEVELS[device] = torch.tensor(
+            [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+             -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+             0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+             0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], device=device)
+    return NF4_LEVELS[device]
 
 
 def nf4_quantize(w):
