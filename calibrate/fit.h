@@ -108,6 +108,12 @@ std::vector<CoefSupport> coefficient_support(const std::vector<Observation>& obs
                                              const std::vector<MicroRecord>& micro, const HardwareProfile& hw,
                                              const std::vector<Coef>& free, const CoefVector& at);
 
+// Coefficients that only runs in one regime inform (the host floor: launch-bound passes at
+// small micro-batches). Where no fitted run reaches that regime the prior holds them at
+// their default, and check_identifiable does not ask for such runs; calibrate report
+// shows how many configurations inform each coefficient.
+bool is_regime_coef(Coef c);
+
 // Throws InputError when the data cannot determine the coefficients the two-stage fit
 // would move: a coefficient no configuration or micro-benchmark informs, or fewer
 // configurations than the coefficients only the end-to-end fit determines. The message

@@ -44,6 +44,16 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // starting point.
     {kParamFetchOverheadS, "param_fetch_overhead_s", 0.0, 0.02, 2e-4, "s",
      "host time of one hooked parameter fetch (a peer engine's stage-3 module or FSDP2 unit)"},
+    // The GPU cannot run ahead of the thread that issues its kernels: a layer's pass takes at
+    // least the host time to issue it (C++ dispatch, autograd's graph walk and launches). On the
+    // H200 host, pythia-2.8b at micro-batch 1 runs its backward in 60.5 ms per micro-batch at
+    // 2048 tokens and 60.7 ms at 1024 (data/runs/h200-sxm/2026-12-01_small_micro_1gpu.jsonl):
+    // a floor of about 1.9 ms per layer that does not scale with tokens; its forward, 0.7 ms.
+    // The defaults are that order; the fit sets them per host from runs near the floor.
+    {kHostLayerFwdS, "host_layer_fwd_s", 0.0, 0.02, 0.5e-3, "s",
+     "host time to issue one layer's forward pass (floor of a launch-bound forward)"},
+    {kHostLayerBwdS, "host_layer_bwd_s", 0.0, 0.05, 1.5e-3, "s",
+     "host time to issue one layer's backward pass (floor of a launch-bound backward)"},
     // NCCL all-reduce on 2 H200 (NV18): 71 GB/s at 4 MB, 246 at 64 MB, 325 at
     // 1 GiB. t = lat + bytes/bw through the 4 MB and 1 GiB points: lat = 46 us,
     // bw = 330 GB/s; 330 / 450 GB/s (NVLink 4, one direction) = 0.73.
@@ -133,7 +143,8 @@ bool is_memory_coef(Coef c) {
 
 const std::vector<Coef>& engine_coefs() {
   static const std::vector<Coef> kEngine = {
-      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kGradCommOverlapFrac,
+      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kHostLayerFwdS,
+      kHostLayerBwdS,        kGradCommOverlapFrac,
       kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kGpuOptBwEffFrac,
       kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,
       kGpuWorkspaceBytes,    kGpuFragFrac,            kActBytesMult,      kLossExtraBytesPerLogit,

@@ -25,6 +25,8 @@ enum Coef : int {
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
   kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
   kParamFetchOverheadS,      // host time of one hooked parameter fetch (peer engines' ZeRO-3 / FSDP2 units)
+  kHostLayerFwdS,            // host time to issue one layer's forward (the floor of a launch-bound forward)
+  kHostLayerBwdS,            // host time to issue one layer's backward (the floor of a launch-bound backward)
   // --- communication --------------------------------------------------------
   kCollLatencyS,             // latency of one NCCL collective call
   kIntraBusEffFrac,          // achieved bus bandwidth / intra-node link bandwidth

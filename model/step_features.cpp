@@ -301,6 +301,17 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       f.post_step_gather_calls = grad_calls;
     }
   }
+  if (c.engine == Engine::kStepcast) {
+    // backend/engine/engine.cpp: prepare_grads zeroes a unit's whole gradient buffer (one
+    // write) and reduce_unit adds the reduced shard into the accumulator (two reads, one write
+    // of the shard); without GAS > 1 an offloaded shard goes straight to the host.
+    if (stage >= 2) {
+      const bool accumulates = !offload_opt || c.gas > 1;
+      f.grad_accum_bytes_micro = grad_bytes_full * (1.0 + (accumulates ? 3.0 / n : 0.0));
+    }
+    // One rank's stage-3 gather copies each unit's shard into its full buffer (read and write).
+    if (stage == 3 && !multi_rank) f.local_gather_bytes_micro = 2.0 * 2.0 * param_bytes_full;
+  }
   const bool multi_node = c.nodes > 1;
   f.link_is_inter_node = multi_node ? 1.0 : 0.0;
   // A ring across nodes (NCCL runs one ring per channel, the channels spread over the node's

@@ -49,6 +49,11 @@ struct StepFeatures {
   double grad_comm_bus_factor = 0;  // nccl-tests: 2(n-1)/n all-reduce, (n-1)/n reduce-scatter
   double grad_comm_is_allreduce = 0; // 1: all-reduce (stage 0); 0: reduce-scatter
   double gather_bytes_micro = 0, gather_calls_micro = 0;    // stage-3 parameter all-gathers
+  // HBM bytes per micro-batch that our backend moves outside the layers' kernels: at stages 2-3
+  // each unit's gradient buffer is zeroed and its reduced shard added into the accumulator; at
+  // stage 3 on one rank the "gathers" are device copies of every unit, before its forward and
+  // before its backward.
+  double grad_accum_bytes_micro = 0, local_gather_bytes_micro = 0;
   double param_fetches_micro = 0;  // hooked parameter fetches per micro-batch (peer engines' stage 3)
   double post_step_gather_bytes = 0, post_step_gather_calls = 0;  // stage 1/2 updated params
   double gather_bus_factor = 0;     // (n-1)/n

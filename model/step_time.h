@@ -190,12 +190,22 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T adapter_fwd_s = adapter_gemm_s + f.adapter_bytes_fwd / f.hbm_bytes_per_s + dequant_s;
   const T adapter_bwd_s = 2.0 * adapter_gemm_s + f.adapter_bytes_bwd / f.hbm_bytes_per_s + dequant_s;
 
-  const T fwd_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s;
-  const T bwd_s = coef[kBackwardSlowdownMult] * ((1.0 + f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
-                  adapter_bwd_s +
-                  attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
-                                       f.peak_flops_per_s, coef) +
-                  overhead_s;
+  // Our backend's streaming copies and adds around the layers (stage-2/3 gradient
+  // accumulation, one rank's stage-3 gathers) at the GPU optimizer's share of HBM bandwidth.
+  const T stream_bw = f.hbm_bytes_per_s * coef[kGpuOptBwEffFrac];
+  const T local_gather_s = 0.5 * f.local_gather_bytes_micro / stream_bw;  // half before each pass
+  const T grad_accum_s = f.grad_accum_bytes_micro / stream_bw;
+
+  // A pass takes at least the host time to issue its kernels (launch-bound at small micro-batches).
+  const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s;
+  const T bwd_gpu_s =
+      coef[kBackwardSlowdownMult] * ((1.0 + f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
+      adapter_bwd_s +
+      attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
+                           f.peak_flops_per_s, coef) +
+      overhead_s + local_gather_s + grad_accum_s;
+  const T fwd_s = detail::max2(fwd_gpu_s, T(coef[kHostLayerFwdS] * f.num_layers));
+  const T bwd_s = detail::max2(bwd_gpu_s, T(coef[kHostLayerBwdS] * f.num_layers));
   const T recompute_s = f.recompute * fwd_s;
   const T compute_s = fwd_s + bwd_s + recompute_s;
 

@@ -167,21 +167,21 @@ TEST_CASE("JSON contract fields") {
 }
 
 TEST_CASE("plans beyond the calibrated micro-batches are flagged as extrapolated") {
-  // The committed h200-sxm fit saw at most 32,768 tokens per micro-batch (micro-batch 32
-  // x sequence 1024 and 16 x 2048 in data/runs/h200-sxm/2026-11-30_calibration_v2.jsonl);
-  // micro-batch 32 at 2048 lies beyond it.
+  // The committed h200-sxm fit saw at most 65,536 tokens per micro-batch (pythia-2.8b,
+  // micro-batch 32 x sequence 2048, checkpointed, in
+  // data/runs/h200-sxm/2026-12-01_small_micro_1gpu.jsonl); micro-batch 64 at 2048 lies beyond it.
   const HardwareProfile hw = hardware("h200-sxm");
   REQUIRE(hw.coefs_calibrated);
-  CHECK(hw.max_micro_tokens == 32768.0);
+  CHECK(hw.max_micro_tokens == 65536.0);
   const ModelSpec m = model("6b");
   const ReportContext ctx{&m, &hw, 0};
   TrainConfig c;
   c.gpus_per_node = 2;
   c.zero_stage = 3;
   c.seq_len = 2048;
-  c.micro_batch = 16;
-  CHECK_FALSE(plan_to_json(evaluate(m, hw, c), ctx)["extrapolated"].get<bool>());
   c.micro_batch = 32;
+  CHECK_FALSE(plan_to_json(evaluate(m, hw, c), ctx)["extrapolated"].get<bool>());
+  c.micro_batch = 64;
   CHECK(plan_to_json(evaluate(m, hw, c), ctx)["extrapolated"].get<bool>());
   CHECK(plans_table({evaluate(m, hw, c)}, ctx).find("beyond the calibration runs") != std::string::npos);
   // An uncalibrated profile has no range to leave.

@@ -34,6 +34,8 @@ CoefVector ideal_coefs() {
   c[kAttnBwdHalfSeqTokens] = 0.0;
   c[kElementwiseTrafficMult] = 0.0;
   c[kLayerOverheadS] = 0.0;
+  c[kHostLayerFwdS] = 0.0;
+  c[kHostLayerBwdS] = 0.0;
   c[kOptStepOverheadS] = 0.0;
   c[kCpuOptStepOverheadS] = 0.0;
   c[kGpuOptFlopsPerS] = 1e15;  // the GPU optimizer is bound by its memory traffic
@@ -90,6 +92,66 @@ TEST_CASE("ideal coefficients: step time is FLOPs over peak, by hand") {
   CHECK(t.param_gather_total_s == 0.0);
   CHECK(t.gas_s == 0.0);
   CHECK(t.step_s == doctest::Approx(t.forward_s + t.backward_s + t.optimizer_s));
+}
+
+TEST_CASE("a pass takes at least the host time to issue it: the floor of launch-bound micro-batches") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  CoefVector c = ideal_coefs();
+  c[kHostLayerFwdS] = 1e-3;
+  c[kHostLayerBwdS] = 3e-3;
+  // 128 tokens: the GEMMs take 2 x 128 x 6.6e9 / 989.4 TFLOP/s = 1.7 ms per pass, under the
+  // 32 layers' 32 ms (forward) and 96 ms (backward) of issuing: the host sets both.
+  TrainConfig small = config(0, 1);
+  small.seq_len = 128;
+  const StepTime<double> a = predict_step_time(make_features(m, hw, small).step, c.data());
+  CHECK(a.forward_s == doctest::Approx(32 * 1e-3).epsilon(1e-12));
+  CHECK(a.backward_s == doctest::Approx(32 * 3e-3).epsilon(1e-12));
+  // Twice the tokens under the floor: the same time.
+  small.seq_len = 256;
+  const StepTime<double> b = predict_step_time(make_features(m, hw, small).step, c.data());
+  CHECK(b.forward_s == doctest::Approx(a.forward_s).epsilon(1e-12));
+  CHECK(b.backward_s == doctest::Approx(a.backward_s).epsilon(1e-12));
+  // 8192 tokens (micro-batch 4): 110 ms of GEMMs per forward, over the floor, which then
+  // changes nothing.
+  const TrainConfig big = config(0, 1, 4);
+  const StepTime<double> with = predict_step_time(make_features(m, hw, big).step, c.data());
+  const StepTime<double> without = predict_step_time(make_features(m, hw, big).step, ideal_coefs().data());
+  CHECK(with.forward_s == doctest::Approx(without.forward_s).epsilon(1e-12));
+  CHECK(with.backward_s == doctest::Approx(without.backward_s).epsilon(1e-12));
+  CHECK(with.forward_s > 32 * 1e-3);
+}
+
+TEST_CASE("our backend's gradient accumulation and one rank's stage-3 gathers, by hand") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double n_params = 6'738'415'616.0, wb = 2.0;
+  // Stages 2-3, each micro-batch (backend/engine/engine.cpp): zero every unit's bf16 gradient
+  // buffer (N x 2 B written), add the reduced shard into the accumulator (N/2 x 2 B read twice
+  // and written once on each of 2 ranks).
+  CHECK(make_features(m, hw, config(2, 2, 1, 4)).step.grad_accum_bytes_micro ==
+        doctest::Approx(n_params * wb * (1.0 + 3.0 / 2.0)).epsilon(1e-12));
+  // With CPU offload and GAS 1 the shard goes to the host without an accumulator.
+  TrainConfig off = config(2, 2, 1, 1);
+  off.offload_optimizer = OffloadDevice::kCpu;
+  CHECK(make_features(m, hw, off).step.grad_accum_bytes_micro == doctest::Approx(n_params * wb).epsilon(1e-12));
+  // Stages 0-1 accumulate in the autograd buffers themselves; the peers are modelled apart.
+  CHECK(make_features(m, hw, config(1, 2, 1, 4)).step.grad_accum_bytes_micro == 0.0);
+  TrainConfig ds = config(2, 2, 1, 4);
+  ds.engine = Engine::kDeepSpeed;
+  CHECK(make_features(m, hw, ds).step.grad_accum_bytes_micro == 0.0);
+  // Stage 3 on one rank: each unit's shard is copied into its full buffer before its forward and
+  // before its backward, N x 2 B read and written each time; on two ranks NCCL gathers instead.
+  CHECK(make_features(m, hw, config(3, 1, 1, 4)).step.local_gather_bytes_micro ==
+        doctest::Approx(4.0 * n_params * wb).epsilon(1e-12));
+  CHECK(make_features(m, hw, config(3, 2, 1, 4)).step.local_gather_bytes_micro == 0.0);
+  // Their time, at the GPU optimizer's share (0.70) of 4.8 TB/s, lands in the passes: on one
+  // GPU, stage 2 adds the accumulation to the backward of stage 1.
+  const CoefVector c = ideal_coefs();
+  const StepTime<double> s1 = predict_step_time(make_features(m, hw, config(1, 1, 1, 4)).step, c.data());
+  const StepTime<double> s2 = predict_step_time(make_features(m, hw, config(2, 1, 1, 4)).step, c.data());
+  CHECK(s2.backward_s - s1.backward_s == doctest::Approx(4.0 * n_params * wb * 4.0 / (4.8e12 * 0.70)).epsilon(1e-9));
+  CHECK(s2.forward_s == doctest::Approx(s1.forward_s).epsilon(1e-12));
 }
 
 TEST_CASE("collectives: all-reduce bus bandwidth matches nccl-tests on 2 x H200 (NV18)") {
