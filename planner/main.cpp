@@ -257,6 +257,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
       }
     }
     j["suggestions"] = res.suggestions;
+    j["ranking"] = {{"typical_error_frac", res.typical_error_frac}, {"tied_with_top", res.tied_with_top}};
     j["notes"] = notes;
     std::cout << j.dump(2) << "\n";
   } else {

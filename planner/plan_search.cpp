@@ -77,6 +77,12 @@ double complexity(const TrainConfig& c) {
   return score;
 }
 
+double typical_error_frac(const HardwareProfile& hw) {
+  if (hw.coefs_calibrated && hw.model_error_frac > 0) return hw.model_error_frac;
+  if (hw.transferred_log_q95 > 0) return std::expm1(hw.transferred_log_q95 / 1.96);
+  return 0.0;
+}
+
 double ranking_score(const Prediction& p) {
   return p.throughput.tokens_per_s * (1.0 - 0.005 * complexity(p.config));
 }
@@ -185,6 +191,20 @@ SearchResult search_plans(const SearchRequest& req) {
   }
   result.dropped = all.size() - result.ranked.size();
   std::sort(result.ranked.begin(), result.ranked.end(), better);
+  result.typical_error_frac = typical_error_frac(req.hardware);
+  if (!result.ranked.empty() && result.typical_error_frac > 0) {
+    const double floor_tps = result.ranked.front().throughput.tokens_per_s * (1.0 - result.typical_error_frac);
+    for (const Prediction& p : result.ranked) result.tied_with_top += p.throughput.tokens_per_s >= floor_tps;
+    if (result.tied_with_top > 1) {
+      char buf[400];
+      std::snprintf(buf, sizeof buf,
+                    "%zu plans lie within %.1f %% of the top plan's tokens/s, the model's typical error (one "
+                    "standard deviation): it does not order them; planner validate --top %zu measures the first %zu",
+                    result.tied_with_top, 100.0 * result.typical_error_frac,
+                    std::min<size_t>(result.tied_with_top, 5), std::min<size_t>(result.tied_with_top, 5));
+      result.notes.push_back(buf);
+    }
+  }
   // Intervals (2 x coefficients more evaluations each) for the plans anyone will read.
   auto add_interval = [&](Prediction& p) {
     if (req.hardware.coef_covariance.empty() && !req.hardware.coefs_calibrated && req.hardware.transferred_log_q95 <= 0) return;

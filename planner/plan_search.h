@@ -53,15 +53,26 @@ struct SearchResult {
   std::optional<Prediction> smallest_memory;  // overall, for "nothing fits"
   std::vector<std::string> suggestions;       // when nothing fits: what would
   std::vector<std::string> notes;             // e.g. skipped equivalents
+  // The model's typical relative step-time error (one standard deviation; 0 when the profile
+  // has none) and how many of the ranked plans lie within it of the top plan's tokens/s:
+  // the plans the model cannot order.
+  double typical_error_frac = 0;
+  size_t tied_with_top = 0;
 };
+
+// One standard deviation of the relative step-time error a profile's predictions carry: its
+// fit's RMS residual where calibrated, else its transferred 95 % quantile / 1.96.
+double typical_error_frac(const HardwareProfile& hw);
 
 // Runs the search. Throws InputError for impossible requests (global batch
 // not divisible by the world size, ...).
 SearchResult search_plans(const SearchRequest& request);
 
 // How much machinery a configuration adds (offloads, stage 3, 8-bit states,
-// checkpointing). Plans are ranked by tokens/s x (1 - 0.5 % x complexity): a
-// plan must beat a simpler one by more than the model's accuracy to rank above it.
+// checkpointing). Plans are ranked by tokens/s x (1 - 0.5 % x complexity): a plan must
+// beat a simpler one by that margin to rank above it. The margin is smaller than the
+// model's error (SearchResult::typical_error_frac); plans inside that error of the top
+// plan are reported as ones the model does not order.
 double complexity(const TrainConfig& config);
 double ranking_score(const Prediction& p);
 

@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -303,4 +305,28 @@ TEST_CASE("a plan names the regime dimensions it extrapolates in, with the calib
   const HardwareProfile a40 = test::hardware("a40");
   const ReportContext ctx40{&m, &a40, 0};
   CHECK(plan_to_json(evaluate(m, a40, far), ctx40)["extrapolated_dimensions"].empty());
+}
+
+TEST_CASE("the plans within the model's typical error of the top plan are counted as ones it cannot order") {
+  // A calibrated profile's typical error is its fit's RMS residual; an uncalibrated one's, its
+  // transferred 95 % quantile over 1.96 (one standard deviation of a normal error).
+  const HardwareProfile h200 = hardware("h200-sxm"), a40 = hardware("a40");
+  CHECK(typical_error_frac(h200) == h200.model_error_frac);
+  CHECK(typical_error_frac(a40) == doctest::Approx(std::expm1(a40.transferred_log_q95 / 1.96)).epsilon(1e-12));
+  for (const char* hw : {"h200-sxm", "a40"}) {
+    CAPTURE(hw);
+    const SearchResult res = search_plans(request("pythia-2.8b", 1, hw));
+    REQUIRE(res.ranked.size() > res.tied_with_top);
+    REQUIRE(res.tied_with_top >= 1);  // the top plan itself
+    const double floor_tps = res.ranked.front().throughput.tokens_per_s * (1.0 - res.typical_error_frac);
+    // Every ranked plan inside the band is counted, none outside it (the ranking's complexity
+    // tie-break may interleave them, so count rather than cut at a rank).
+    size_t inside = 0;
+    for (const Prediction& p : res.ranked) inside += p.throughput.tokens_per_s >= floor_tps;
+    CHECK(inside == res.tied_with_top);
+    const bool noted = std::any_of(res.notes.begin(), res.notes.end(), [](const std::string& n) {
+      return n.find("the model's typical error") != std::string::npos;
+    });
+    CHECK(noted == (res.tied_with_top > 1));
+  }
 }
