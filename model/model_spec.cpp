@@ -428,4 +428,15 @@ ModelSpec resolve_model(const std::string& name, const fs::path& data_dir) {
   throw InputError("unknown model '" + name + "' (known: " + known + ")");
 }
 
+std::vector<LayerProjection> layer_projections(const ModelSpec& m) {
+  const int64_t h = m.hidden_size, i = m.intermediate_size;
+  std::vector<int64_t> qkv_rows{m.q_dim(), m.kv_dim(), m.kv_dim()};
+  if (m.model_type == "gpt_neox") qkv_rows = {m.q_dim() + 2 * m.kv_dim()};
+  std::vector<int64_t> up_rows = m.gated_mlp ? std::vector<int64_t>{i, i} : std::vector<int64_t>{i};
+  return {LayerProjection{"qkv", m.q_dim() + 2 * m.kv_dim(), h, qkv_rows, true},
+          LayerProjection{"o", h, m.q_dim(), {h}, true},
+          LayerProjection{"up", m.gated_mlp ? 2 * i : i, h, up_rows, false},
+          LayerProjection{"down", h, i, {h}, false}};
+}
+
 }  // namespace stepcast

@@ -62,6 +62,19 @@ struct ModelSpec {
   int64_t param_modules_outside_layers() const;
 };
 
+// One of a layer's four weight matrices as the Stepcast backend stores it (q, k and v fused in
+// "qkv"; gate and up fused in "up" for gated MLPs), with the output rows of each part the
+// Hugging Face model keeps as a module of its own (q_proj, k_proj, v_proj; gate_proj,
+// up_proj), which is where PEFT puts one adapter each. GPT-NeoX keeps query_key_value as one
+// module: one part. The cost model, the backend's layout and its transformer read this list.
+struct LayerProjection {
+  std::string stem;                 // parameter name without ".weight": qkv, o, up, down
+  int64_t out = 0, in = 0;          // the stored weight's shape (out x in)
+  std::vector<int64_t> part_rows;   // output rows of each separately adapted part; they sum to out
+  bool attention = false;           // an attention projection (else the MLP's)
+};
+std::vector<LayerProjection> layer_projections(const ModelSpec& spec);
+
 // Checks ranges and consistency; throws InputError naming `origin` (a file).
 // `source_keys` maps a field's name (as in TOML cards) to the key the source file spells
 // it with (config.json's num_hidden_layers, n_embd, ...), for the error message.

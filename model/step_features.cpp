@@ -113,21 +113,21 @@ double activation_elems_per_token_per_layer(const ModelSpec& m, AttentionKind at
 
 namespace {
 
-// The projections of one layer as (out, in), in layout order (backend/engine/layout.cpp),
-// whether LoRA adapts each, and the adapters a fused one carries (q, k, v; gate, up: one each,
-// as Hugging Face PEFT adapts them; backend/engine/layout.h lora_segments).
+// The projections of one layer (model_spec.h layer_projections) as the cost model uses them:
+// (out, in), whether LoRA adapts each, and the adapters a fused one carries.
 struct Projection {
   double out = 0, in = 0;
   bool adapted = false;
   double segments = 1;
 };
 std::array<Projection, 4> projections(const ModelSpec& m, const TrainConfig& c) {
-  const double h = static_cast<double>(m.hidden_size), i = static_cast<double>(m.intermediate_size);
-  const bool attention = c.lora_targets != LoraTargets::kMlp, mlp = c.lora_targets != LoraTargets::kAttention;
-  // GPT-NeoX keeps q, k and v in one module (query_key_value): one adapter there.
-  return {Projection{static_cast<double>(m.q_dim() + 2 * m.kv_dim()), h, attention, m.model_type == "gpt_neox" ? 1.0 : 3.0},
-          Projection{h, static_cast<double>(m.q_dim()), attention, 1.0},
-          Projection{m.gated_mlp ? 2.0 * i : i, h, mlp, m.gated_mlp ? 2.0 : 1.0}, Projection{h, i, mlp, 1.0}};
+  std::array<Projection, 4> out{};
+  const auto layer = layer_projections(m);
+  for (size_t k = 0; k < out.size(); ++k)
+    out[k] = Projection{static_cast<double>(layer[k].out), static_cast<double>(layer[k].in),
+                        lora_adapts(layer[k].attention, c.lora_targets),
+                        static_cast<double>(layer[k].part_rows.size())};
+  return out;
 }
 
 }  // namespace

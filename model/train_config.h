@@ -85,6 +85,10 @@ Engine parse_engine(const std::string& text, const std::string& what);
 const char* peft_name(PeftKind p);
 PeftKind parse_peft(const std::string& text, const std::string& what);
 const char* lora_targets_name(LoraTargets t);
+// Whether LoRA with `targets` adapts a projection (attention, MLP, or all).
+inline bool lora_adapts(bool attention_projection, LoraTargets targets) {
+  return attention_projection ? targets != LoraTargets::kMlp : targets != LoraTargets::kAttention;
+}
 LoraTargets parse_lora_targets(const std::string& text, const std::string& what);
 CpuSimd parse_cpu_simd(const std::string& text, const std::string& what);
 // "on" / "off" settings of flags and keys; `what` names the flag or key in the error.

@@ -571,13 +571,16 @@ TEST_CASE("LoRA: a layer with adapters equals the layer with merged weights W + 
     // The merged weights, trainable, for the reference.
     torch::Tensor merged = t.flat.clone();
     // Segment s of a fused weight (q, k, v; gate, up) gains s B_s A_s: B's rows of the segment
-    // times A's s-th block of r rows. test-llama-tiny: q 64, k and v 32 rows; gate and up 160.
+    // times A's s-th block of r rows. test-llama-tiny: q 64, k and v 32 rows; gate and up 160
+    // (the card's heads x head_dim, kv heads x head_dim and intermediate_size, by hand).
     const auto segment_rows = [&](const std::string& stem) {
       const ModelSpec& m = t.spec;
       if (stem == "qkv") return std::vector<int64_t>{m.q_dim(), m.kv_dim(), m.kv_dim()};
       if (stem == "up") return std::vector<int64_t>{m.intermediate_size, m.intermediate_size};
       return std::vector<int64_t>{stem == "o" || stem == "down" ? m.hidden_size : 0};
     };
+    // The model's projection list says the same.
+    for (const LayerProjection& lp : layer_projections(t.spec)) CHECK(lp.part_rows == segment_rows(lp.stem));
     const auto delta = [&](const std::string& stem, const torch::Tensor& A, const torch::Tensor& B) {
       const std::vector<int64_t> rows = segment_rows(stem);
       std::vector<torch::Tensor> blocks;
@@ -589,7 +592,7 @@ TEST_CASE("LoRA: a layer with adapters equals the layer with merged weights W + 
       return torch::cat(blocks, 0) * s;
     };
     for (const ParamSlot& w : t.base.params) {
-      if (!lora_targeted(w.name, targets)) continue;
+      if (!lora_targeted(t.spec, w.name, targets)) continue;
       const std::string stem = w.name.substr(0, w.name.size() - 7);
       const torch::Tensor dw = delta(stem, p[stem + ".lora_a"].detach(), p[stem + ".lora_b"].detach());
       REQUIRE(dw.numel() == w.numel);
@@ -608,7 +611,7 @@ TEST_CASE("LoRA: a layer with adapters equals the layer with merged weights W + 
     int adapted = 0;
     for (const ParamSlot& w : t.base.params) {
       const std::string stem = w.name.substr(0, w.name.size() - 7);
-      if (!lora_targeted(w.name, targets)) {
+      if (!lora_targeted(t.spec, w.name, targets)) {
         CHECK(!adapters.params.empty());
         continue;
       }

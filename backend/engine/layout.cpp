@@ -106,15 +106,22 @@ std::vector<UnitLayout> build_layout(const ModelSpec& m, int world) {
   return units;
 }
 
-bool lora_targeted(const std::string& w, LoraTargets t) {
-  const bool attention = w == "qkv.weight" || w == "o.weight", mlp = w == "up.weight" || w == "down.weight";
-  return (attention && t != LoraTargets::kMlp) || (mlp && t != LoraTargets::kAttention);
+const LayerProjection* find_projection(const std::vector<LayerProjection>& projections, const std::string& stem) {
+  for (const LayerProjection& p : projections)
+    if (p.stem == stem) return &p;
+  return nullptr;
+}
+
+bool lora_targeted(const ModelSpec& spec, const std::string& w, LoraTargets t) {
+  const std::string suffix = ".weight";
+  if (w.size() <= suffix.size() || w.compare(w.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
+  const LayerProjection* p = find_projection(layer_projections(spec), w.substr(0, w.size() - suffix.size()));
+  return p != nullptr && lora_adapts(p->attention, t);
 }
 
 int64_t lora_segments(const ModelSpec& spec, const std::string& stem) {
-  if (stem == "qkv") return spec.model_type == "gpt_neox" ? 1 : 3;  // NeoX's query_key_value is one module
-  if (stem == "up" && spec.gated_mlp) return 2;
-  return 1;
+  const LayerProjection* p = find_projection(layer_projections(spec), stem);
+  return p == nullptr ? 1 : static_cast<int64_t>(p->part_rows.size());
 }
 
 std::vector<UnitLayout> build_adapter_layout(const ModelSpec& spec, const std::vector<UnitLayout>& base, int64_t rank,
@@ -124,7 +131,7 @@ std::vector<UnitLayout> build_adapter_layout(const ModelSpec& spec, const std::v
     UnitBuilder u(b.kind, b.name);
     if (b.kind == UnitKind::kLayer)
       for (const ParamSlot& p : b.params) {
-        if (!lora_targeted(p.name, targets)) continue;
+        if (!lora_targeted(spec, p.name, targets)) continue;
         const std::string stem = p.name.substr(0, p.name.size() - std::string(".weight").size());
         const int64_t segments = lora_segments(spec, stem);
         u.add(stem + ".lora_a", {segments * rank, p.shape[1]}, Init::kLoraA);

@@ -45,15 +45,17 @@ std::vector<UnitLayout> build_layout(const ModelSpec& spec, int world_size);
 
 int64_t total_numel(const std::vector<UnitLayout>& units);
 
+// A layer's projection by its stem ("qkv", "o", "up", "down"; model_spec.h layer_projections),
+// or nullptr for any other parameter (norms, biases).
+const LayerProjection* find_projection(const std::vector<LayerProjection>& projections, const std::string& stem);
+
 // PEFT: whether a layer's weight ("qkv.weight", "o.weight", "up.weight", "down.weight")
 // carries an adapter for `targets`.
-bool lora_targeted(const std::string& weight_name, LoraTargets targets);
+bool lora_targeted(const ModelSpec& spec, const std::string& weight_name, LoraTargets targets);
 
-// The projections the backend fuses: q, k and v in "qkv", gate and up in "up" (gated MLPs).
-// Each part that the Hugging Face model keeps as a module of its own gets an adapter of its
-// own, as PEFT adapts q_proj, k_proj, v_proj, gate_proj and up_proj separately: S segments of
-// rank r (3 for qkv, but 1 for GPT-NeoX, whose query_key_value is one module; 2 for a gated up;
-// else 1).
+// The adapters of a fused projection: one per part the Hugging Face model keeps as a module
+// (LayerProjection::part_rows), as PEFT adapts q_proj, k_proj, v_proj, gate_proj and up_proj
+// separately: 3 for qkv (1 for GPT-NeoX's query_key_value), 2 for a gated up, else 1.
 int64_t lora_segments(const ModelSpec& spec, const std::string& stem);
 
 // PEFT's trainable units, one per base unit, in the same order: for each targeted weight

@@ -33,16 +33,16 @@ UnitParams make_views(const UnitLayout& unit, const torch::Tensor& flat, bool re
 }
 
 Transformer::Transformer(const ModelSpec& spec, torch::Device device, LoraSettings lora)
-    : spec_(spec), device_(device), lora_(lora), interleaved_rotary_(spec.model_type == "gptj") {}
+    : spec_(spec),
+      projections_(layer_projections(spec)),
+      device_(device),
+      lora_(lora),
+      interleaved_rotary_(spec.model_type == "gptj") {}
 
 std::pair<int64_t, int64_t> Transformer::weight_shape(const std::string& stem) const {
-  const int64_t h = spec_.hidden_size, i = spec_.intermediate_size;
-  if (stem == "qkv") return {spec_.q_dim() + 2 * spec_.kv_dim(), h};
-  if (stem == "o") return {h, spec_.q_dim()};
-  if (stem == "up") return {spec_.gated_mlp ? 2 * i : i, h};
-  if (stem == "down") return {h, i};
+  if (const LayerProjection* p = find_projection(projections_, stem)) return {p->out, p->in};
   STEPCAST_ASSERT(stem == "lm_head");
-  return {spec_.vocab_size, h};
+  return {spec_.vocab_size, spec_.hidden_size};
 }
 
 torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, const torch::Tensor& x) const {
@@ -60,11 +60,10 @@ torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, co
     const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);  // (..., S r)
     const torch::Tensor& b = p[stem + ".lora_b"];
     torch::Tensor delta;
-    if (lora_segments(spec_, stem) > 1) {
+    const LayerProjection* fused = find_projection(projections_, stem);
+    if (fused != nullptr && fused->part_rows.size() > 1) {
       // Fused projections: segment s of the output from its own rank-r slice of `low`.
-      const std::vector<int64_t> rows = stem == "qkv"
-                                            ? std::vector<int64_t>{spec_.q_dim(), spec_.kv_dim(), spec_.kv_dim()}
-                                            : std::vector<int64_t>{spec_.intermediate_size, spec_.intermediate_size};
+      const std::vector<int64_t>& rows = fused->part_rows;
       const auto lows = low.chunk(static_cast<int64_t>(rows.size()), -1);
       const auto bs = b.split_with_sizes(rows, 0);
       std::vector<torch::Tensor> parts;

@@ -56,6 +56,7 @@ class Transformer {
   void ensure_rotary_cache(int64_t seq) const;
 
   ModelSpec spec_;
+  std::vector<LayerProjection> projections_;  // layer_projections(spec_), looked up by stem
   torch::Device device_;
   LoraSettings lora_;
   bool interleaved_rotary_ = false;  // GPT-J rotates pairs (0,1), (2,3), ...
