@@ -35,25 +35,15 @@ for part in "$@"; do
       # The same three plans with the default allocator, then with expandable segments.
       grep -v '^#' bench/runlists/peft_alloc.txt | while read -r model n flags; do
         [[ -z "$model" ]] && continue
-        for conf in default expandable_segments:True; do
-          if [[ $conf == default ]]; then unset PYTORCH_CUDA_ALLOC_CONF; else export PYTORCH_CUDA_ALLOC_CONF=$conf; fi
+        # (the files are named without ':', which the device tool does not bring back)
+        for conf in default expandable; do
+          if [[ $conf == default ]]; then unset PYTORCH_CUDA_ALLOC_CONF; else export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; fi
           $B/backend/train --model "$model" $flags --device cuda --steps 4 --warmup 1 --quiet \
             --json-out "$OUT/alloc_$conf.jsonl"
         done
         unset PYTORCH_CUDA_ALLOC_CONF
       done
-      python3 - "$OUT" <<'PY'
-import json, sys
-for conf in ("default", "expandable_segments:True"):
-    for line in open(f"{sys.argv[1]}/alloc_{conf}.jsonl"):
-        r = json.loads(line)
-        if r["warmup"] or r["step"] != 4:
-            continue
-        c, m = r["config"], r["memory_bytes"]
-        print(f"{conf:26s} {r['model']:12s} {c['peft']:5s} r{c['lora_rank']:<3d} {c['lora_targets']:9s} mb{c['micro_batch']:<2d} "
-              f"step {r['time_s']['step']:.3f} s  allocated {m['gpu_peak_allocated'] / 2**30:.1f}  reserved "
-              f"{m['gpu_peak_reserved'] / 2**30:.1f} GiB")
-PY
+      python3 bench/peft_alloc_table.py "$OUT/alloc_default.jsonl" "$OUT/alloc_expandable.jsonl"
       ;;
     recommend)
       $B/planner/planner recommend --model 70b --gpus 1 --peft auto --global-batch 16 > "$OUT/recommend_70b.txt"
