@@ -1,33 +1,58 @@
 #include "model/train_config.h"
 
+#include <initializer_list>
+#include <string>
+#include <utility>
+
 #include "common/errors.h"
 
 namespace stepcast {
 
-const char* offload_name(OffloadDevice d) { return d == OffloadDevice::kCpu ? "cpu" : "none"; }
+namespace {
 
-const char* optimizer_name(OptimizerKind o) {
-  return o == OptimizerKind::kAdamW8bit ? "adamw8bit" : "adamw";
+// Each enumeration's spellings, in the order error messages list them: one table serves its
+// name and its parser.
+template <class E>
+using Spellings = std::initializer_list<std::pair<E, const char*>>;
+
+constexpr Spellings<OffloadDevice> kOffloads = {{OffloadDevice::kNone, "none"}, {OffloadDevice::kCpu, "cpu"}};
+constexpr Spellings<OptimizerKind> kOptimizers = {{OptimizerKind::kAdamW, "adamw"}, {OptimizerKind::kAdamW8bit, "adamw8bit"}};
+constexpr Spellings<AttentionKind> kAttentions = {{AttentionKind::kFlash, "flash"}, {AttentionKind::kMath, "math"}};
+constexpr Spellings<CpuSimd> kCpuSimds = {
+    {CpuSimd::kAuto, "auto"}, {CpuSimd::kScalar, "scalar"}, {CpuSimd::kAvx2, "avx2"}, {CpuSimd::kAvx512, "avx512"}};
+constexpr Spellings<Engine> kEngines = {{Engine::kStepcast, "stepcast"}, {Engine::kDeepSpeed, "deepspeed"}, {Engine::kFsdp2, "fsdp2"}};
+constexpr Spellings<PeftKind> kPefts = {{PeftKind::kNone, "none"}, {PeftKind::kLora, "lora"}, {PeftKind::kQlora, "qlora"}};
+constexpr Spellings<LoraTargets> kLoraTargets = {
+    {LoraTargets::kAttention, "attention"}, {LoraTargets::kMlp, "mlp"}, {LoraTargets::kAll, "all"}};
+
+template <class E>
+const char* spelling(const Spellings<E>& table, E value) {
+  for (const auto& [v, name] : table)
+    if (v == value) return name;
+  return "?";
 }
 
-const char* attention_name(AttentionKind a) { return a == AttentionKind::kMath ? "math" : "flash"; }
-
-const char* cpu_simd_name(CpuSimd s) {
-  switch (s) {
-    case CpuSimd::kScalar: return "scalar";
-    case CpuSimd::kAvx2: return "avx2";
-    case CpuSimd::kAvx512: return "avx512";
-    case CpuSimd::kAuto: break;
+// `head` is what the message starts with ("--engine " or "config.optimizer = "), `is_not`
+// what it says the text is not ("is not valid", "is not an optimizer").
+template <class E>
+E parse_spelling(const Spellings<E>& table, const std::string& text, const std::string& head, const char* is_not) {
+  std::string valid;
+  for (const auto& [v, name] : table) {
+    if (text == name) return v;
+    valid += (valid.empty() ? "" : ", ") + std::string(name);
   }
-  return "auto";
+  throw InputError(head + "\"" + text + "\" " + is_not + " (valid: " + valid + ")");
 }
+
+}  // namespace
+
+const char* offload_name(OffloadDevice d) { return spelling(kOffloads, d); }
+const char* optimizer_name(OptimizerKind o) { return spelling(kOptimizers, o); }
+const char* attention_name(AttentionKind a) { return spelling(kAttentions, a); }
+const char* cpu_simd_name(CpuSimd s) { return spelling(kCpuSimds, s); }
 
 CpuSimd parse_cpu_simd(const std::string& text, const std::string& what) {
-  if (text == "auto") return CpuSimd::kAuto;
-  if (text == "scalar") return CpuSimd::kScalar;
-  if (text == "avx2") return CpuSimd::kAvx2;
-  if (text == "avx512") return CpuSimd::kAvx512;
-  throw InputError(what + " \"" + text + "\" is not valid (valid: auto, scalar, avx2, avx512)");
+  return parse_spelling(kCpuSimds, text, what + " ", "is not valid");
 }
 
 bool parse_on_off(const std::string& text, const std::string& what) {
@@ -37,21 +62,15 @@ bool parse_on_off(const std::string& text, const std::string& what) {
 }
 
 OffloadDevice parse_offload(const std::string& text, const std::string& what) {
-  if (text == "none") return OffloadDevice::kNone;
-  if (text == "cpu") return OffloadDevice::kCpu;
-  throw InputError(what + " = \"" + text + "\" is not valid (valid: none, cpu)");
+  return parse_spelling(kOffloads, text, what + " = ", "is not valid");
 }
 
 OptimizerKind parse_optimizer(const std::string& text, const std::string& what) {
-  if (text == "adamw") return OptimizerKind::kAdamW;
-  if (text == "adamw8bit") return OptimizerKind::kAdamW8bit;
-  throw InputError(what + " = \"" + text + "\" is not an optimizer (valid: adamw, adamw8bit)");
+  return parse_spelling(kOptimizers, text, what + " = ", "is not an optimizer");
 }
 
 AttentionKind parse_attention(const std::string& text, const std::string& what) {
-  if (text == "flash") return AttentionKind::kFlash;
-  if (text == "math") return AttentionKind::kMath;
-  throw InputError(what + " = \"" + text + "\" is not valid (valid: flash, math)");
+  return parse_spelling(kAttentions, text, what + " = ", "is not valid");
 }
 
 ConfigFieldNames json_config_names(const std::string& where) {
@@ -138,52 +157,19 @@ void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
   }
 }
 
-const char* engine_name(Engine e) {
-  switch (e) {
-    case Engine::kStepcast: return "stepcast";
-    case Engine::kDeepSpeed: return "deepspeed";
-    case Engine::kFsdp2: return "fsdp2";
-  }
-  return "?";
-}
-
+const char* engine_name(Engine e) { return spelling(kEngines, e); }
 Engine parse_engine(const std::string& text, const std::string& what) {
-  if (text == "stepcast") return Engine::kStepcast;
-  if (text == "deepspeed") return Engine::kDeepSpeed;
-  if (text == "fsdp2") return Engine::kFsdp2;
-  throw InputError(what + " \"" + text + "\" is not valid (valid: stepcast, deepspeed, fsdp2)");
+  return parse_spelling(kEngines, text, what + " ", "is not valid");
 }
 
-const char* peft_name(PeftKind p) {
-  switch (p) {
-    case PeftKind::kNone: return "none";
-    case PeftKind::kLora: return "lora";
-    case PeftKind::kQlora: return "qlora";
-  }
-  return "?";
-}
-
+const char* peft_name(PeftKind p) { return spelling(kPefts, p); }
 PeftKind parse_peft(const std::string& text, const std::string& what) {
-  if (text == "none") return PeftKind::kNone;
-  if (text == "lora") return PeftKind::kLora;
-  if (text == "qlora") return PeftKind::kQlora;
-  throw InputError(what + " \"" + text + "\" is not valid (valid: none, lora, qlora)");
+  return parse_spelling(kPefts, text, what + " ", "is not valid");
 }
 
-const char* lora_targets_name(LoraTargets t) {
-  switch (t) {
-    case LoraTargets::kAttention: return "attention";
-    case LoraTargets::kMlp: return "mlp";
-    case LoraTargets::kAll: return "all";
-  }
-  return "?";
-}
-
+const char* lora_targets_name(LoraTargets t) { return spelling(kLoraTargets, t); }
 LoraTargets parse_lora_targets(const std::string& text, const std::string& what) {
-  if (text == "attention") return LoraTargets::kAttention;
-  if (text == "mlp") return LoraTargets::kMlp;
-  if (text == "all") return LoraTargets::kAll;
-  throw InputError(what + " \"" + text + "\" is not valid (valid: attention, mlp, all)");
+  return parse_spelling(kLoraTargets, text, what + " ", "is not valid");
 }
 
 const char* offload_pipeline_name(const TrainConfig& c) {
