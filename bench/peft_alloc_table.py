@@ -7,17 +7,15 @@ Per plan (model, PEFT method, rank, targets, micro-batch): the median step time 
 steps and the peak reserved and allocated GPU memory, under the default allocator and under
 expandable segments, and their ratios (expandable / default), both measured in the same call.
 """
-import json
 import statistics
 import sys
+
+from run_records import measured_steps
 
 
 def plans(path):
     out = {}
-    for line in open(path):
-        r = json.loads(line)
-        if r["warmup"]:
-            continue
+    for r in measured_steps(path):
         c = r["config"]
         key = (r["model"], c["peft"], c["lora_rank"], c["lora_targets"], c["micro_batch"])
         p = out.setdefault(key, {"step_s": [], "reserved": 0.0, "allocated": 0.0})

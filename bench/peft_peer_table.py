@@ -3,20 +3,15 @@ per plan, and the ratio of their throughputs, both measured in the same call.
 
 Usage: python3 bench/peft_peer_table.py OURS.jsonl PEER.jsonl
 """
-import json
 import statistics
 import sys
+
+from run_records import measured_steps
 
 
 def medians(path):
     rows = {}
-    for line in open(path):
-        line = line.strip()
-        if not line:
-            continue
-        r = json.loads(line)
-        if r.get("warmup"):
-            continue
+    for r in measured_steps(path):
         c = r["config"]
         key = (r["model"], c.get("peft", "none"), c.get("lora_rank"), c["micro_batch"], c["gas"], c["seq_len"],
                c["activation_checkpointing"])
