@@ -389,7 +389,11 @@ def main():
     c["engine"] = a.engine
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "engine": a.engine,
            "engine_version": engine_version(a.engine), "git_commit": a.git_commit, "world_size": world,
-           "data": "random tokens", "attention": "sdpa", "model_implementation": "transformers"}
+           "data": "random tokens", "attention": "sdpa", "model_implementation": "transformers",
+           # The peers' CPU optimizers run on OpenMP / intra-op threads: torchrun sets OMP_NUM_THREADS=1
+           # for each rank when it starts more than one per node and the variable is unset.
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "torch_threads": torch.get_num_threads(),
+           "cpu_count": os.cpu_count()}
     try:
         import transformers
         env["transformers"] = transformers.__version__
