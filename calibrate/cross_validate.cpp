@@ -95,8 +95,8 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
     const IntervalModel region = region_of(fitted);
     for (size_t i : members) {
       const Prediction p = evaluate(runs[i].model, fold_hw, runs[i].config);
-      out[i] = {&runs[i], p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, p.time.forward_s,
-                p.time.backward_s + p.time.recompute_s, p.time.optimizer_total_s,
+      const TimedPhases<double> ph = timed_phases(p.time, runs[i].config.engine != Engine::kStepcast);
+      out[i] = {&runs[i], p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, ph.forward_s, ph.backward_s, ph.optimizer_s,
                 unseen_dimensions(region, runs[i].model.name, runs[i].config)};
     }
   }

@@ -40,11 +40,11 @@ struct RunResidual {
     const StepTime<T> t = predict_step_time(obs_.features.step, coefs);
     const MemoryEstimate<T> m = predict_memory(obs_.features.memory, coefs);
     r[0] = log_ratio(t.step_s, obs_.step_s, opt_.sigma_step);
-    r[1] = log_ratio(t.forward_s, obs_.forward_s, opt_.sigma_phase);
-    r[2] = log_ratio(t.backward_s + t.recompute_s, obs_.backward_s, opt_.sigma_phase);
-    // The optimizer's own time: its exposure under CPU offload is in the step residual.
-    r[3] = log_ratio(obs_.features.step.opt_on_cpu > 0.0 ? t.optimizer_total_s : t.optimizer_s, obs_.optimizer_s,
-                     opt_.sigma_phase);
+    // The phases as the run's harness times them (the optimizer's exposure is in the step residual).
+    const TimedPhases<T> ph = timed_phases(t, obs_.peer_phases);
+    r[1] = log_ratio(ph.forward_s, obs_.forward_s, opt_.sigma_phase);
+    r[2] = log_ratio(ph.backward_s, obs_.backward_s, opt_.sigma_phase);
+    r[3] = log_ratio(ph.optimizer_s, obs_.optimizer_s, opt_.sigma_phase);
     r[4] = log_ratio(m.gpu_total_bytes, obs_.gpu_memory_bytes, opt_.sigma_memory);
     return true;
   }
@@ -112,6 +112,7 @@ Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
   o.backward_s = r.backward_s;
   o.optimizer_s = r.optimizer_total_s;
   o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
+  o.peer_phases = r.config.engine != Engine::kStepcast;
   return o;
 }
 
@@ -319,7 +320,7 @@ Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::
 
 std::vector<Coef> engine_free_coefs() {
   return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kPcieEffFrac,
-          kOffloadOverlapFrac,   kCpuCoreBytesPerSPerLane, kCpuOptStepOverheadS, kGpuFragFrac,
+          kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kCpuCoreBytesPerSPerLane, kCpuOptStepOverheadS, kGpuFragFrac,
           kActBytesMult,         kLossExtraBytesPerLogit,  kGpuWorkspaceBytes};
 }
 

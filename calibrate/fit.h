@@ -23,6 +23,7 @@ struct Observation {
   Features features;
   // Measured; a value <= 0 means "not measured" and adds no residual.
   double step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, gpu_memory_bytes = 0;
+  bool peer_phases = false;  // timed by a peer engine's harness (step_time.h timed_phases)
 };
 
 // A measured run as the fit sees it (medians of its steps, features on `hw`).

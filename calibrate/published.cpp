@@ -24,7 +24,7 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, const fs:
   t.reject_unknown_keys({"where", "model", "hardware", "gpus", "seq", "micro_batch", "gas", "precision",
                          "checkpointing", "stage", "offload_optimizer", "offload_params", "optimizer",
                          "tokens_per_s_per_gpu", "step_s", "gas_time_s", "opt_time_s", "peak_memory_gib",
-                         "cpu_cores_per_node"});
+                         "cpu_cores_per_node", "cpu_mem_gib_per_node", "cpu_threads_per_rank"});
   PublishedRow r;
   r.where = t.get_string("where");
   r.model_name = t.get_string("model");
@@ -73,6 +73,8 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, const fs:
   r.opt_time_s = t.get_double_or("opt_time_s", 0.0, 0.0, 1e7);
   r.peak_memory_bytes = t.get_double_or("peak_memory_gib", 0.0, 0.0, 1e6) * 1073741824.0;
   r.limits.cpu_cores_node = static_cast<double>(t.get_int_or("cpu_cores_per_node", 0, 0, 4096));
+  r.limits.host_memory_bytes_node = t.get_double_or("cpu_mem_gib_per_node", 0.0, 0.0, 1e5) * 1073741824.0;
+  r.limits.cpu_threads_per_rank = static_cast<double>(t.get_int_or("cpu_threads_per_rank", 0, 0, 4096));
   return r;
 }
 

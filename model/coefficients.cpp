@@ -82,6 +82,13 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // run behind the CPU (1 - 1/units: 0.97 for 32 layers + 2), less the waits.
     {kFwdUploadOverlapFrac, "fwd_upload_overlap_frac", 0.0, 1.0, 0.90, "1",
      "share of the next step's first forward that hides the offload tail (--offload-pipeline full)"},
+    // DeepSpeed ZeRO-3 with optimizer offload writes each 16-bit gradient partition into its fp32
+    // host buffer with a blocking cross-dtype copy_, which torch stages through a fresh pageable
+    // host tensor and converts on the CPU (aten/src/ATen/native/cuda/Copy.cu,
+    // copy_requires_temporaries). Measured per 16-bit byte on the H200 host: about 1.1 GB/s
+    // (5 configurations, 1 and 2 GPUs, 1 and 16 threads; docs/engines.md).
+    {kStagedCopyBytesPerS, "staged_copy_bytes_per_s", 1e7, 1e11, 1.1e9, "B/s",
+     "device-to-host copy into another dtype through torch's pageable temporaries (DeepSpeed ZeRO-3 offload)"},
     // torch fused AdamW, fp32, 1 Gi params in 9.0 ms = 28 B/param * 1.07e9 /
     // 9.0e-3 s = 3.34 TB/s of 4.8 TB/s = 0.70.
     {kGpuOptBwEffFrac, "gpu_opt_bw_eff_frac", 0.05, 1.0, 0.70, "1",
@@ -145,7 +152,7 @@ const std::vector<Coef>& engine_coefs() {
   static const std::vector<Coef> kEngine = {
       kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kHostLayerFwdS,
       kHostLayerBwdS,        kGradCommOverlapFrac,
-      kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kGpuOptBwEffFrac,
+      kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kStagedCopyBytesPerS, kGpuOptBwEffFrac,
       kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,
       kGpuWorkspaceBytes,    kGpuFragFrac,            kActBytesMult,      kLossExtraBytesPerLogit,
       kHostBytesPerRank};

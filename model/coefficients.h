@@ -39,6 +39,7 @@ enum Coef : int {
   kOffloadOverlapFrac,       // share of backward time that can hide gradient copies to the host
   kCpuOptOverlapFrac,        // share of the last backward that hides the pipelined CPU optimizer
   kFwdUploadOverlapFrac,     // share of the next forward that hides the rest (offload pipeline "full")
+  kStagedCopyBytesPerS,      // device-to-host copy into another dtype through torch's pageable temporaries
   // --- optimizer ------------------------------------------------------------
   kGpuOptBwEffFrac,          // GPU optimizer: achieved fraction of HBM bandwidth
   kGpuOptFlopsPerS,          // GPU optimizer: arithmetic rate of its kernels (8-bit decode/encode)

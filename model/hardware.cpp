@@ -206,7 +206,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
           name == "interval")
         continue;
       if (name == "model_error_frac") {
-        hw.model_error_frac = c->get_double(name, 0.0, 1.0);
+        hw.model_error_frac = c->get_double(name, 0.0, 5.0);
         continue;
       }
       if (name == "max_micro_tokens") {
@@ -285,7 +285,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       sec.calibrated = e.get_bool_or("calibrated", false);
       sec.source = e.get_string_or("source", "");
       sec.runs = e.get_string_array_or("runs");
-      sec.model_error_frac = e.get_double_or("model_error_frac", 0.0, 0.0, 1.0);
+      sec.model_error_frac = e.get_double_or("model_error_frac", 0.0, 0.0, 5.0);
       for (const auto& [key, node] : e.table()) {
         const std::string name(key.str());
         if (name == "calibrated" || name == "source" || name == "runs" || name == "model_error_frac") continue;

@@ -113,6 +113,28 @@ double activation_elems_per_token_per_layer(const ModelSpec& m, AttentionKind at
 
 namespace {
 
+// DeepSpeed ZeRO-3's default sub_group_size (runtime/zero/config.py): the optimizer steps over
+// sub-groups of at most this many parameters, each with its own fp32 buffers.
+constexpr double kDeepSpeedSubGroupParams = 1e9;
+
+// Bytes torch's caching host allocator pins for a request: the next power of two.
+double pinned_host_bytes(double bytes) {
+  return bytes <= 0.0 ? 0.0 : std::exp2(std::ceil(std::log2(bytes)));
+}
+
+// Bytes pinned for one host tensor of `bytes_per_param` per parameter for every weight of the
+// model as Hugging Face registers it (q, k, v, gate and up apart: the parts of the layer's
+// projections; embeddings), each rounded up by the allocator on its own.
+double pinned_per_tensor_bytes(const ModelSpec& spec, double bytes_per_param) {
+  double per_layer = 0.0;
+  for (const LayerProjection& p : layer_projections(spec))
+    for (int64_t rows : p.part_rows)
+      per_layer += pinned_host_bytes(static_cast<double>(rows) * static_cast<double>(p.in) * bytes_per_param);
+  const double embed = pinned_host_bytes(static_cast<double>(spec.vocab_size) *
+                                         static_cast<double>(spec.embed_dim()) * bytes_per_param);
+  return per_layer * static_cast<double>(spec.num_layers) + embed * (spec.tied_embeddings ? 1.0 : 2.0);
+}
+
 // The projections of one layer (model_spec.h layer_projections) as the cost model uses them:
 // (out, in), whether LoRA adapts each, and the adapters a fused one carries.
 struct Projection {
@@ -351,11 +373,16 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       f.d2h_bytes_boundary = shard_params * (4.0 + (g > 1.0 ? wb : 0.0));
       f.h2d_bytes_step = shard_params * 4.0;
     } else {
-      // runtime/zero/stage3.py, partition_grads: each micro-batch's reduced partition goes to the
-      // host as fp32 and is summed there; the update reaches the GPU's 16-bit partition (or stays
-      // on the host with parameter offload).
-      f.grad_host_bytes_micro = shard_params * 4.0;
-      f.d2h_bytes_boundary = shard_params * 4.0;
+      // runtime/zero/stage3.py, partition_grads: every micro-batch's reduced partition goes to the
+      // pinned 16-bit host buffer and comes back to the GPU (to be summed there from the second
+      // on); on the last, a blocking copy_ writes it into the fp32 host gradient. From a 16-bit
+      // source that copy changes dtype across devices, which torch stages through a pageable host
+      // temporary and converts on the CPU (staged_d2h_bytes_boundary); an fp32 run copies directly.
+      // The update reaches the GPU's 16-bit partition (or stays on the host with parameter offload).
+      const bool sixteen_bit = wb < 4.0;
+      f.grad_host_bytes_micro = shard_params * 2.0 * wb;
+      f.d2h_bytes_boundary = shard_params * (2.0 * wb + (sixteen_bit ? 0.0 : 4.0));
+      f.staged_d2h_bytes_boundary = sixteen_bit ? shard_params * wb : 0.0;
       f.h2d_bytes_step = offload_par ? 0.0 : shard_params * wb;
     }
   }
@@ -384,6 +411,19 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.ranks_per_node = c.gpus_per_node;
   f.cpu_cores_node = limits.cpu_cores_node > 0 ? limits.cpu_cores_node
                                                : hw.host.cpu_cores_per_gpu * c.gpus_per_node;
+  // The peers' CPU optimizers (DeepSpeed's cpu_adam, torch's CPU AdamW) run on OpenMP threads.
+  // torchrun, and accelerate launch through it, sets OMP_NUM_THREADS=1 in every rank when it starts
+  // more than one per node and the variable is unset (torch/distributed/run.py, config_from_args):
+  // the node's ranks then update on one core each. Measured on one H200 host with DeepSpeed ZeRO-2
+  // offload, pythia-2.8b: 1.03 s at 16 threads, 4.6-5.8 s at OMP_NUM_THREADS=1 (docs/engines.md).
+  // A launch that sets the threads (limits.cpu_threads_per_rank) uses that many per rank, up to
+  // the node's cores.
+  if (offload_opt && c.engine != Engine::kStepcast) {
+    const double threads = limits.cpu_threads_per_rank > 0 ? limits.cpu_threads_per_rank
+                           : c.gpus_per_node > 1         ? 1.0
+                                                         : f.cpu_cores_node;
+    f.cpu_cores_node = std::min(f.cpu_cores_node, threads * static_cast<double>(c.gpus_per_node));
+  }
   f.cpu_simd_lanes = hw.host.simd_fp32_lanes;
   f.dram_bytes_per_s = hw.host.dram_bytes_per_s;
 
@@ -408,6 +448,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   mem.gpu_params_bytes = offload_par ? 0.0 : p_shard * wb + (stage == 3 ? frozen_bytes / n : frozen_bytes);
   // With offload at stages 2-3 a gradient shard stays on the GPU only to accumulate over GAS.
   mem.gpu_grads_bytes = (offload_opt && stage >= 2 && c.gas == 1) ? 0.0 : g_shard * wb;
+  // DeepSpeed ZeRO-3 with optimizer offload keeps its gradient partitions in a host buffer
+  // (runtime/zero/stage3.py, grad_partitions_flat_buffer on the offload device) and sums them there.
+  if (offload_opt && stage == 3 && c.engine == Engine::kDeepSpeed) mem.gpu_grads_bytes = 0.0;
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
@@ -454,6 +497,34 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     }
   }
   if (offload_par) mem.host_params_bytes = (params / n) * wb;
+  if (offload_opt && c.engine != Engine::kStepcast) {
+    // The peers keep fp32 parameters, fp32 gradients and two fp32 moments of their shard on the host
+    // (16 B per parameter). Pinned buffers come from torch's caching host allocator, which rounds each
+    // allocation up to a power of two bytes (c10 CachingHostAllocator): measured host RSS of
+    // DeepSpeed ZeRO-1/2 offload matches the rounded sum within 3 % (docs/engines.md).
+    const double moments = os_shard * 8.0;
+    if (c.engine == Engine::kDeepSpeed && stage <= 2) {
+      // runtime/zero/stage_1_and_2.py: the fp32 partition and its fp32 gradient, pinned, and with
+      // GAS > 1 the 16-bit accumulation buffers (accumulated_grads_in_cpu), one pinned tensor per
+      // parameter of the partition.
+      mem.host_opt_states_bytes = moments;
+      mem.host_grads_bytes = pinned_host_bytes(os_shard * 4.0) +
+                             (c.gas > 1 && !peft ? pinned_per_tensor_bytes(spec, wb) / n : 0.0);
+      mem.host_pinned_buffers_bytes = pinned_host_bytes(os_shard * 4.0);
+    } else if (c.engine == Engine::kDeepSpeed) {
+      // runtime/zero/stage3.py: the fp32 partition, its fp32 gradient pinned per sub-group of at
+      // most sub_group_size (1e9) parameters, and the pinned 16-bit gradient partition buffer.
+      const double groups = std::ceil(os_shard / kDeepSpeedSubGroupParams);
+      mem.host_opt_states_bytes = moments;
+      mem.host_grads_bytes = groups * pinned_host_bytes(os_shard / groups * 4.0) + pinned_host_bytes(os_shard * wb);
+      mem.host_pinned_buffers_bytes = os_shard * 4.0;
+    } else {
+      // FSDP2 CPUOffloadPolicy: the fp32 shard of each parameter and its fp32 gradient on the host.
+      mem.host_opt_states_bytes = moments;
+      mem.host_grads_bytes = os_shard * 4.0;
+      mem.host_pinned_buffers_bytes = os_shard * 4.0;
+    }
+  }
   mem.ranks_per_node = c.gpus_per_node;
   return out;
 }

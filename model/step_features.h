@@ -66,6 +66,7 @@ struct StepFeatures {
   double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
   double grad_host_bytes_micro = 0; // gradients to and from the host on each non-boundary micro-batch (DeepSpeed)
+  double staged_d2h_bytes_boundary = 0; // 16-bit gradient bytes copied into fp32 host buffers through pageable temporaries
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;
@@ -157,6 +158,10 @@ struct ResourceLimits {
   double gpu_memory_bytes = 0;       // 0 = the profile's
   double host_memory_bytes_node = 0; // 0 = the profile's per-GPU figure x GPUs per node
   double cpu_cores_node = 0;         // 0 = the profile's per-GPU figure x GPUs per node
+  // OpenMP threads of each rank's CPU optimizer for the peer engines; 0 = torchrun's default
+  // (one per rank when a node runs several ranks; all cores with one). DeepSpeed's own launcher
+  // leaves every rank all the node's cores.
+  double cpu_threads_per_rank = 0;
 };
 
 Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,

@@ -34,6 +34,7 @@ struct StepTime {
   T optimizer_s{};        // exposed
   T optimizer_total_s{};  // the optimizer's own time (CPU: hidden or not)
   T gas_s{}, opt_s{}, step_s{};
+  T tail_s{};  // after the last micro-batch: optimizer, uploads, post-step all-gathers (exposed)
 };
 
 namespace detail {
@@ -221,6 +222,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T param_up_s = pcie_copy_time_s(f.param_h2d_bytes_micro, f.h2d_bytes_per_s, coef);
   const T d2h_boundary_s = pcie_copy_time_s(f.d2h_bytes_boundary, f.d2h_bytes_per_s, coef);
   const T grad_host_micro_s = pcie_copy_time_s(f.grad_host_bytes_micro, f.d2h_bytes_per_s, coef);
+  // A blocking copy staged through pageable host memory: serial, not hidden.
+  const T staged_s = f.staged_d2h_bytes_boundary / coef[kStagedCopyBytesPerS];
 
   // Overlap: gradient reduction and copies to the host run on their own
   // streams during backward; gathers and uploads are prefetched during compute.
@@ -250,7 +253,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     share(rs_micro_s + rs_boundary_s, d2h_boundary_s, rs_exposed_boundary, d2h_exposed_boundary);
   }
   const T micro_s = compute_s + gather_exposed + rs_exposed_micro + grad_host_exposed_micro;
-  const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary;
+  const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary + staged_s;
 
   // --- optimizer step --------------------------------------------------------
   // All ranks of a host run their CPU optimizer at once and share its cores and DRAM.
@@ -295,15 +298,32 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.param_gather_s = g * gather_exposed;
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
-  out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary +
+  out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + staged_s +
                          (pipelined ? tail_s - optimizer_exposed : upload_s);
-  out.offload_transfer_total_s = (g - 1.0) * grad_host_micro_s + d2h_boundary_s + upload_s;
+  out.offload_transfer_total_s = (g - 1.0) * grad_host_micro_s + d2h_boundary_s + staged_s + upload_s;
   out.optimizer_s = optimizer_exposed;
   out.optimizer_total_s = optimizer_s;
   out.gas_s = (g - 1.0) * micro_s;
   out.opt_s = boundary_micro_s + tail_s;
+  out.tail_s = tail_s;
   out.step_s = out.gas_s + out.opt_s;
   return out;
+}
+
+// The phases as a run's harness times them. Our backend's records hold the model's own phases
+// (the backward with its recompute; the optimizer's own time, hidden or not). A peer engine's
+// harness (bench/peers/peer.py) times engine.backward(), which holds the engine's gradient
+// reductions and host copies, and engine.step(), which holds the whole tail after the last
+// micro-batch: everything of the step but the forwards and the tail counts as backward there.
+template <class T>
+struct TimedPhases {
+  T forward_s{}, backward_s{}, optimizer_s{};
+};
+
+template <class T>
+TimedPhases<T> timed_phases(const StepTime<T>& t, bool peer_harness) {
+  if (peer_harness) return {t.forward_s, t.step_s - t.tail_s - t.forward_s, t.tail_s};
+  return {t.forward_s, t.backward_s + t.recompute_s, t.optimizer_total_s};
 }
 
 }  // namespace stepcast

@@ -119,6 +119,100 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   CHECK(predict_step_time(ds, k.data()).step_s == doctest::Approx(base_s + 2 * 582 * 1e-3).epsilon(1e-9));
 }
 
+TEST_CASE("DeepSpeed ZeRO-3 offload: the boundary gradient is staged through pageable memory from 16 bits only") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double P = static_cast<double>(m.total_params()) / 2.0;
+  // bf16: every micro-batch sends the 16-bit partition down and brings it back (2 x 2 B); the
+  // boundary adds the cross-dtype copy into the fp32 host gradient, 2 B of 16-bit source.
+  const Features bf = make_features(m, hw, offload(Engine::kDeepSpeed, 3, 4));
+  CHECK(test::close(bf.step.grad_host_bytes_micro, 4.0 * P, 1e-12));
+  CHECK(test::close(bf.step.d2h_bytes_boundary, 4.0 * P, 1e-12));
+  CHECK(test::close(bf.step.staged_d2h_bytes_boundary, 2.0 * P, 1e-12));
+  // The gradient partitions live on the host: no gradient buffer on the GPU.
+  CHECK(bf.memory.gpu_grads_bytes == 0.0);
+  // fp32: the same dtype on both sides, a direct copy (2 x 4 B round trip + 4 B), nothing staged.
+  TrainConfig c32 = offload(Engine::kDeepSpeed, 3, 4);
+  c32.precision = Precision::kFp32;
+  const StepFeatures f32 = make_features(m, hw, c32).step;
+  CHECK(f32.staged_d2h_bytes_boundary == 0.0);
+  CHECK(test::close(f32.d2h_bytes_boundary, 12.0 * P, 1e-12));
+  // The staged copy is serial: the step grows by its bytes over the coefficient's rate.
+  CoefVector k = for_engine(hw, "deepspeed").coefs;
+  const double base = predict_step_time(bf.step, k.data()).step_s, rate = k[kStagedCopyBytesPerS];
+  k[kStagedCopyBytesPerS] = 0.5 * rate;
+  CHECK(test::close(predict_step_time(bf.step, k.data()).step_s - base, 2.0 * P / rate, 1e-9));
+  // Stages 1-2 copy into pinned fp32 buffers without temporaries.
+  CHECK(make_features(m, hw, offload(Engine::kDeepSpeed, 2, 4)).step.staged_d2h_bytes_boundary == 0.0);
+}
+
+TEST_CASE("the peers' CPU optimizers run on one thread per rank under torchrun, on the launch's threads otherwise") {
+  const ModelSpec m = model("pythia-2.8b");
+  const HardwareProfile hw = hardware("h200-sxm");  // 16 cores per GPU
+  // Two ranks per node under torchrun: OMP_NUM_THREADS=1 in each, two cores in all.
+  CHECK(make_features(m, hw, offload(Engine::kDeepSpeed, 2, 2)).step.cpu_cores_node == 2.0);
+  CHECK(make_features(m, hw, offload(Engine::kFsdp2, 3, 2)).step.cpu_cores_node == 2.0);
+  // One rank keeps every core.
+  TrainConfig one = offload(Engine::kDeepSpeed, 2, 2);
+  one.gpus_per_node = 1;
+  CHECK(make_features(m, hw, one).step.cpu_cores_node == 16.0);
+  // DeepSpeed's own launcher leaves each rank all 32 cores of the node: two ranks share them.
+  ResourceLimits ds_launcher;
+  ds_launcher.cpu_threads_per_rank = 32;
+  CHECK(make_features(m, hw, offload(Engine::kDeepSpeed, 2, 2), ds_launcher).step.cpu_cores_node == 32.0);
+  // Our backend sizes its own threads.
+  TrainConfig ours = offload(Engine::kDeepSpeed, 2, 2);
+  ours.engine = Engine::kStepcast;
+  ours.offload_pipeline = true;
+  CHECK(make_features(m, hw, ours).step.cpu_cores_node == 32.0);
+}
+
+TEST_CASE("the peers' host memory: 16 B per parameter, pinned buffers rounded up to powers of two (hand count)") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  // 6 738 415 616 parameters over 2 ranks: 3 369 207 808 each; 4 B of it is 13 476 831 232 B,
+  // which the caching host allocator pins as 2^34 = 17 179 869 184 B.
+  REQUIRE(m.total_params() == 6738415616);
+  const double P = 3369207808.0, pinned_fp32 = 17179869184.0;
+  // DeepSpeed ZeRO-2, GAS 1: moments (8 B, pageable), the pinned fp32 partition and its pinned
+  // fp32 gradient; no 16-bit accumulation buffer.
+  const MemoryFeatures ds = make_features(m, hw, offload(Engine::kDeepSpeed, 2, 1)).memory;
+  CHECK(ds.host_opt_states_bytes == 8.0 * P);
+  CHECK(ds.host_grads_bytes == pinned_fp32);
+  CHECK(ds.host_pinned_buffers_bytes == pinned_fp32);
+  // GAS 4 adds one pinned 16-bit tensor per weight, halved over the ranks: per layer q, k, v, o
+  // 4096 x 4096 x 2 B = 2^25 B each (exact) and gate, up, down 11008 x 4096 x 2 B = 90 177 536 B,
+  // pinned as 2^27 = 134 217 728 B; embedding and head 32000 x 4096 x 2 B = 262 144 000 B, pinned
+  // as 2^28 = 268 435 456 B.
+  const double per_layer = 4.0 * 33554432.0 + 3.0 * 134217728.0;
+  const double accum = (32.0 * per_layer + 2.0 * 268435456.0) / 2.0;
+  const MemoryFeatures ds4 = make_features(m, hw, offload(Engine::kDeepSpeed, 2, 4)).memory;
+  CHECK(ds4.host_grads_bytes == doctest::Approx(pinned_fp32 + accum).epsilon(1e-12));
+  // ZeRO-3: the fp32 partition pageable, its fp32 gradient pinned per sub-group of at most 1e9
+  // parameters (4 groups of 842 301 952: 3 369 207 808 B, pinned as 2^32), and the pinned 16-bit
+  // gradient partition buffer (6 738 415 616 B, pinned as 2^33).
+  const MemoryFeatures z3 = make_features(m, hw, offload(Engine::kDeepSpeed, 3, 2)).memory;
+  CHECK(z3.host_pinned_buffers_bytes == 4.0 * P);
+  CHECK(z3.host_grads_bytes == doctest::Approx(4.0 * 4294967296.0 + 8589934592.0).epsilon(1e-12));
+  // FSDP2: the fp32 shard and its fp32 gradient, and the moments.
+  const MemoryFeatures fs = make_features(m, hw, offload(Engine::kFsdp2, 3, 1)).memory;
+  CHECK(fs.host_opt_states_bytes + fs.host_grads_bytes + fs.host_pinned_buffers_bytes == 16.0 * P);
+}
+
+TEST_CASE("a peer harness times engine.backward() with the engine's host work and engine.step() with the tail") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const Features f = make_features(m, hw, offload(Engine::kDeepSpeed, 3, 4));
+  const StepTime<double> t = predict_step_time(f.step, for_engine(hw, "deepspeed").coefs.data());
+  const TimedPhases<double> peer = timed_phases(t, true), ours = timed_phases(t, false);
+  CHECK(peer.forward_s == t.forward_s);
+  CHECK(test::close(peer.forward_s + peer.backward_s + peer.optimizer_s, t.step_s, 1e-12));
+  CHECK(peer.optimizer_s == t.tail_s);
+  CHECK(peer.backward_s > t.backward_s);  // the staged copy and the host round trips are in it
+  CHECK(ours.backward_s == t.backward_s + t.recompute_s);
+  CHECK(ours.optimizer_s == t.optimizer_total_s);
+}
+
 TEST_CASE("an engine's constraints are checked where the configuration comes from") {
   TrainConfig c = offload(Engine::kFsdp2, 3, 1);
   c.offload_params = OffloadDevice::kNone;

