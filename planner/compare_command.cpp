@@ -172,6 +172,7 @@ int run_compare(CompareOptions& co) {
   if (!co.k8s_manifest.empty()) {
     const CompareRow& r = rows[*chosen];
     ManifestRequest mr = co.manifest;
+    mr.cpu_threads_per_rank = o.cpu_threads_per_rank;
     mr.gpu_product = gpu_product_label(r.gpu_name);
     mr.hardware = r.hardware;
     mr.steps = static_cast<int64_t>(std::ceil(o.train_tokens / (static_cast<double>(co.global_batch) * o.seq)));

@@ -71,6 +71,11 @@ void replica(std::ostringstream& o, const char* role, int replicas, const Manife
   o << "              value: \"WARN\"\n";
   o << "            - name: TORCH_NCCL_ASYNC_ERROR_HANDLING\n";
   o << "              value: \"1\"\n";
+  if (req.cpu_threads_per_rank > 0) {
+    // The peer's CPU optimizer threads the plan was predicted with (torchrun would set 1).
+    o << "            - name: OMP_NUM_THREADS\n";
+    o << "              value: " << q(std::to_string(req.cpu_threads_per_rank)) << "\n";
+  }
   o << "            resources:\n";
   for (const char* kind : {"requests", "limits"}) {
     o << "              " << kind << ":\n";
@@ -161,8 +166,11 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
   o << "    cleanPodPolicy: None\n";
   o << "    backoffLimit: 3\n";
   o << "  pytorchReplicaSpecs:\n";
-  replica(o, "Master", 1, req, args, config_map, c.gpus_per_node, data_claim);
-  if (c.nodes > 1) replica(o, "Worker", c.nodes - 1, req, args, config_map, c.gpus_per_node, data_claim);
+  // Our backend sizes its own CPU threads; only a peer's launch carries OMP_NUM_THREADS.
+  ManifestRequest pod = req;
+  if (c.engine == Engine::kStepcast || c.offload_optimizer == OffloadDevice::kNone) pod.cpu_threads_per_rank = 0;
+  replica(o, "Master", 1, pod, args, config_map, c.gpus_per_node, data_claim);
+  if (c.nodes > 1) replica(o, "Worker", c.nodes - 1, pod, args, config_map, c.gpus_per_node, data_claim);
   return o.str();
 }
 

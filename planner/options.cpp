@@ -36,6 +36,9 @@ void add_common(CLI::App* app, CommonOptions& o) {
   app->add_option("--gpu-mem-gib", o.gpu_mem_gib, "usable memory per GPU in GiB (default: the profile's)");
   app->add_option("--cpu-mem-gib", o.cpu_mem_gib, "host memory per node in GiB (default: profile's per-GPU figure x GPUs)");
   app->add_option("--cpu-cores", o.cpu_cores, "CPU cores per node for the CPU optimizer (default: profile's per-GPU figure x GPUs)");
+  app->add_option("--cpu-threads-per-rank", o.cpu_threads_per_rank,
+                  "DeepSpeed and FSDP2 with CPU offload: OpenMP threads of each rank's CPU optimizer (OMP_NUM_THREADS, "
+                  "which --k8s-manifest sets; default: torchrun's, one per rank when a node runs several)");
   app->add_option("--train-tokens", o.train_tokens, "tokens to train on: adds training time and cost");
   app->add_flag("--json", o.json, "print one JSON object instead of tables");
   app->add_option("--deepspeed-config", o.deepspeed_config, "write a DeepSpeed JSON for the (top) plan to FILE");
@@ -65,6 +68,7 @@ TrainConfig base_config(const CommonOptions& o) {
   check_range("--gpu-mem-gib", o.gpu_mem_gib, 0.01, 1e6, true);
   check_range("--cpu-mem-gib", o.cpu_mem_gib, 0.01, 1e7, true);
   check_range("--cpu-cores", o.cpu_cores, 1, 1e6, true);
+  check_range("--cpu-threads-per-rank", o.cpu_threads_per_rank, 1, 4096, true);
   check_range("--train-tokens", o.train_tokens, 1, 1e16, true);
   if (!o.fsdp_config.empty()) check_output_path(o.fsdp_config);
   if (!o.accelerate_config.empty() && o.deepspeed_config.empty())
@@ -92,7 +96,8 @@ TrainConfig base_config(const CommonOptions& o) {
 }
 
 ResourceLimits limits_of(const CommonOptions& o) {
-  return ResourceLimits{o.gpu_mem_gib * kBytesPerGiB, o.cpu_mem_gib * kBytesPerGiB, o.cpu_cores};
+  return ResourceLimits{o.gpu_mem_gib * kBytesPerGiB, o.cpu_mem_gib * kBytesPerGiB, o.cpu_cores,
+                        static_cast<double>(o.cpu_threads_per_rank)};
 }
 
 }  // namespace stepcast

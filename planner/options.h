@@ -24,6 +24,7 @@ struct CommonOptions {
   double gpu_mem_gib = 0;
   double cpu_mem_gib = 0;
   double cpu_cores = 0;
+  int cpu_threads_per_rank = 0;  // 0: the launcher's default (torchrun: one per rank with several)
   bool json = false;
   std::string deepspeed_config;
   std::string accelerate_config;

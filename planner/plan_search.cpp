@@ -362,10 +362,25 @@ std::vector<Lever> offload_levers(const SearchRequest& req, const Prediction& pl
   t.offload_optimizer = OffloadDevice::kNone;
   t.offload_overlap_forward = false;
   add("no offload (optimizer on the GPU)", t, req.limits);
+  // The node's cores (not the threads a peer's launch leaves its optimizer: step_features.cpp).
+  const double node_cores = req.limits.cpu_cores_node > 0 ? req.limits.cpu_cores_node
+                                                          : req.hardware.host.cpu_cores_per_gpu * c.gpus_per_node;
   ResourceLimits more = req.limits;
-  const Features f = make_features(req.model, req.hardware, c, req.limits);
-  more.cpu_cores_node = 2.0 * f.step.cpu_cores_node;
+  more.cpu_cores_node = 2.0 * node_cores;
   add("twice the CPU cores (" + std::to_string(static_cast<int>(more.cpu_cores_node)) + " per node)", c, more);
+  if (c.engine != Engine::kStepcast && c.offload_optimizer != OffloadDevice::kNone && c.gpus_per_node > 1 &&
+      req.limits.cpu_threads_per_rank <= 0) {
+    // torchrun gives each of a node's ranks one OpenMP thread: the peer's CPU optimizer on the node's
+    // cores split between its ranks instead.
+    const int per_rank = std::max(1, static_cast<int>(node_cores / c.gpus_per_node));
+    if (per_rank > 1) {
+      ResourceLimits threads = req.limits;
+      threads.cpu_threads_per_rank = per_rank;
+      add("OMP_NUM_THREADS=" + std::to_string(per_rank) + " in each rank (--cpu-threads-per-rank " +
+              std::to_string(per_rank) + "; torchrun sets 1)",
+          c, threads);
+    }
+  }
   // Fitting levers first, each group by gain.
   std::stable_sort(out.begin(), out.end(), [](const Lever& a, const Lever& b) {
     if (a.result.fits != b.result.fits) return a.result.fits;

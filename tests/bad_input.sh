@@ -67,6 +67,10 @@ for flag in --gpu-mem-gib --cpu-mem-gib --cpu-cores --train-tokens; do
     t 2 "$flag" "$PLANNER" explain --model 7b "$flag" "$v"
   done
 done
+for v in abc -1 5000 2.5 99999999999999999999; do  # 0 is valid: the launcher's default
+  t 2 "--cpu-threads-per-rank" "$PLANNER" explain --model 7b --engine deepspeed --offload-pipeline off --stage 2 \
+    --offload-optimizer cpu --gpus 2 --cpu-threads-per-rank "$v"
+done
 for v in abc -1 0 99999999999999999999; do
   t 2 "--top" "$PLANNER" recommend --model 7b --top "$v"
 done

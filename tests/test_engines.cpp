@@ -7,6 +7,8 @@
 #include "common/text_file.h"
 #include "model/prediction.h"
 #include "model/train_config_json.h"
+#include "planner/k8s_manifest.h"
+#include "planner/plan_search.h"
 #include "test_util.h"
 
 using namespace stepcast;
@@ -211,6 +213,49 @@ TEST_CASE("a peer harness times engine.backward() with the engine's host work an
   CHECK(peer.backward_s > t.backward_s);  // the staged copy and the host round trips are in it
   CHECK(ours.backward_s == t.backward_s + t.recompute_s);
   CHECK(ours.optimizer_s == t.optimizer_total_s);
+}
+
+TEST_CASE("DeepSpeed offload under torchrun: the OMP_NUM_THREADS lever, and the manifest that sets it") {
+  SearchRequest r;
+  r.model = model("llama-2-7b");
+  r.hardware = hardware("h200-sxm");  // 16 cores per GPU: 32 on a node of 2
+  r.base = offload(Engine::kDeepSpeed, 2, 4);
+  const Prediction plan = evaluate(r.model, r.hardware, r.base);
+  const std::vector<Lever> levers = offload_levers(r, plan);
+  const auto find = [&](const std::string& prefix) -> const Lever* {
+    for (const Lever& l : levers)
+      if (l.name.rfind(prefix, 0) == 0) return &l;
+    return nullptr;
+  };
+  const Lever* threads = find("OMP_NUM_THREADS=16 in each rank");
+  REQUIRE(threads != nullptr);
+  CHECK(threads->gain_frac > 0.0);
+  // One thread per rank uses 2 of the 32 cores: twice the cores buys nothing.
+  const Lever* cores = find("twice the CPU cores");
+  REQUIRE(cores != nullptr);
+  CHECK(std::abs(cores->gain_frac) < 1e-12);
+  // With the threads set, the lever is not offered again.
+  SearchRequest set = r;
+  set.limits.cpu_threads_per_rank = 16;
+  const Prediction faster = evaluate(r.model, r.hardware, r.base, set.limits);
+  CHECK(faster.time.step_s < plan.time.step_s);
+  for (const Lever& l : offload_levers(set, faster)) CHECK(l.name.find("OMP_NUM_THREADS") == std::string::npos);
+  // The manifest launches the DeepSpeed plan with the threads it was predicted with; a Stepcast plan,
+  // which sizes its own threads, gets none.
+  ManifestRequest mr;
+  mr.gpu_product = "NVIDIA-H200";
+  mr.hardware = "h200-sxm";
+  mr.steps = 10;
+  mr.plan_json = "{}";
+  mr.cpu_threads_per_rank = 16;
+  size_pod(faster, 16, mr);
+  const std::string ds_yaml = k8s_manifest_yaml(r.model, faster, mr);
+  CHECK(ds_yaml.find("- name: OMP_NUM_THREADS\n              value: \"16\"") != std::string::npos);
+  TrainConfig ours = r.base;
+  ours.engine = Engine::kStepcast;
+  ours.offload_pipeline = true;
+  const std::string our_yaml = k8s_manifest_yaml(r.model, evaluate(r.model, r.hardware, ours), mr);
+  CHECK(our_yaml.find("OMP_NUM_THREADS") == std::string::npos);
 }
 
 TEST_CASE("an engine's constraints are checked where the configuration comes from") {
