@@ -518,6 +518,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       mem.host_opt_states_bytes = moments;
       mem.host_grads_bytes = groups * pinned_host_bytes(os_shard / groups * 4.0) + pinned_host_bytes(os_shard * wb);
       mem.host_pinned_buffers_bytes = os_shard * 4.0;
+      // With parameter offload the 16-bit partitions live in one pinned flat buffer per parameter
+      // group (param_groups_fp16_flat_cpu_memory).
+      if (offload_par) mem.host_params_bytes = pinned_host_bytes((params / n) * wb);
     } else {
       // FSDP2 CPUOffloadPolicy: the fp32 shard of each parameter and its fp32 gradient on the host.
       mem.host_opt_states_bytes = moments;

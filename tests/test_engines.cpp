@@ -195,6 +195,11 @@ TEST_CASE("the peers' host memory: 16 B per parameter, pinned buffers rounded up
   // gradient partition buffer (6 738 415 616 B, pinned as 2^33).
   const MemoryFeatures z3 = make_features(m, hw, offload(Engine::kDeepSpeed, 3, 2)).memory;
   CHECK(z3.host_pinned_buffers_bytes == 4.0 * P);
+  CHECK(z3.host_params_bytes == 0.0);
+  // With parameter offload the 16-bit partition (6 738 415 616 B) sits in one pinned flat buffer: 2^33.
+  TrainConfig z3p = offload(Engine::kDeepSpeed, 3, 2);
+  z3p.offload_params = OffloadDevice::kCpu;
+  CHECK(make_features(m, hw, z3p).memory.host_params_bytes == 8589934592.0);
   CHECK(z3.host_grads_bytes == doctest::Approx(4.0 * 4294967296.0 + 8589934592.0).epsilon(1e-12));
   // FSDP2: the fp32 shard and its fp32 gradient, and the moments.
   const MemoryFeatures fs = make_features(m, hw, offload(Engine::kFsdp2, 3, 1)).memory;
