@@ -319,9 +319,11 @@ Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::
 }
 
 std::vector<Coef> engine_free_coefs() {
-  return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kPcieEffFrac,
-          kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kCpuCoreBytesPerSPerLane, kCpuOptStepOverheadS, kGpuFragFrac,
-          kActBytesMult,         kLossExtraBytesPerLogit,  kGpuWorkspaceBytes};
+  return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kGradHookOverheadS,
+          kPcieEffFrac,
+          kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kHostCopyBytesPerSPerThread, kCpuCoreBytesPerSPerLane,
+          kCpuOptStepOverheadS,  kGpuFragFrac,             kActBytesMult,      kLossExtraBytesPerLogit,
+          kGpuWorkspaceBytes};
 }
 
 Calibration calibrate_for_engine(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,

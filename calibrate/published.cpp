@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "common/stats.h"
 #include "common/text_file.h"
+#include "common/units.h"
 #include "model/hardware.h"
 #include "model/prediction.h"
 #include "model/toml_reader.h"
@@ -71,9 +72,9 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, const fs:
   r.step_s = t.get_double_or("step_s", 0.0, 0.0, 1e7);
   r.gas_time_s = t.get_double_or("gas_time_s", 0.0, 0.0, 1e7);
   r.opt_time_s = t.get_double_or("opt_time_s", 0.0, 0.0, 1e7);
-  r.peak_memory_bytes = t.get_double_or("peak_memory_gib", 0.0, 0.0, 1e6) * 1073741824.0;
+  r.peak_memory_bytes = t.get_double_or("peak_memory_gib", 0.0, 0.0, 1e6) * kBytesPerGiB;
   r.limits.cpu_cores_node = static_cast<double>(t.get_int_or("cpu_cores_per_node", 0, 0, 4096));
-  r.limits.host_memory_bytes_node = t.get_double_or("cpu_mem_gib_per_node", 0.0, 0.0, 1e5) * 1073741824.0;
+  r.limits.host_memory_bytes_node = t.get_double_or("cpu_mem_gib_per_node", 0.0, 0.0, 1e5) * kBytesPerGiB;
   r.limits.cpu_threads_per_rank = static_cast<double>(t.get_int_or("cpu_threads_per_rank", 0, 0, 4096));
   return r;
 }

@@ -44,6 +44,13 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // starting point.
     {kParamFetchOverheadS, "param_fetch_overhead_s", 0.0, 0.02, 2e-4, "s",
      "host time of one hooked parameter fetch (a peer engine's stage-3 module or FSDP2 unit)"},
+    // DeepSpeed ZeRO-3's backward hook on each parameter tensor's gradient (runtime/zero/stage3.py,
+    // reduce_ready_partitions_and_remove_grads: the bucket, its reduce-scatter launch and the
+    // partition copy) runs on the launching thread too. On one H200 the stage-3 backward at
+    // micro-batch 1 is 0.9 ms per module longer than the fetch alone explains for pythia-2.8b
+    // (two tensors per module) and 0.8 ms for llama-2-7b (one): about 0.2 ms per tensor.
+    {kGradHookOverheadS, "grad_hook_overhead_s", 0.0, 0.02, 2e-4, "s",
+     "host time of a peer engine's ZeRO-3 gradient hook on one parameter tensor"},
     // The GPU cannot run ahead of the thread that issues its kernels: a layer's pass takes at
     // least the host time to issue it (C++ dispatch, autograd's graph walk and launches). On the
     // H200 host, pythia-2.8b at micro-batch 1 runs its backward in 60.5 ms per micro-batch at
@@ -89,6 +96,14 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // (5 configurations, 1 and 2 GPUs, 1 and 16 threads; docs/engines.md).
     {kStagedCopyBytesPerS, "staged_copy_bytes_per_s", 1e7, 1e11, 1.1e9, "B/s",
      "device-to-host copy into another dtype through torch's pageable temporaries (DeepSpeed ZeRO-3 offload)"},
+    // DeepSpeed ZeRO-3's optimizer step copies each updated fp32 host partition into the 16-bit
+    // one (runtime/zero/stage3.py, _reassign_or_swap_out_partitioned_parameters): torch converts
+    // on the rank's CPU threads and a host-to-device source in pageable memory is staged by the
+    // copying thread alone. Start: 5 GB/s, a single core's streaming copy on the H200 host
+    // (1.4 s more per step than ZeRO-2 for pythia-2.8b's 16.8 GB converted at 16 threads and
+    // 5.6 GB staged on one: docs/engines.md).
+    {kHostCopyBytesPerSPerThread, "host_copy_bytes_per_s_per_thread", 1e8, 1e11, 5e9, "B/s",
+     "host memory one CPU thread copies or converts (torch's CPU copy_, pageable host-to-device staging)"},
     // torch fused AdamW, fp32, 1 Gi params in 9.0 ms = 28 B/param * 1.07e9 /
     // 9.0e-3 s = 3.34 TB/s of 4.8 TB/s = 0.70.
     {kGpuOptBwEffFrac, "gpu_opt_bw_eff_frac", 0.05, 1.0, 0.70, "1",
@@ -150,9 +165,9 @@ bool is_memory_coef(Coef c) {
 
 const std::vector<Coef>& engine_coefs() {
   static const std::vector<Coef> kEngine = {
-      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kHostLayerFwdS,
+      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kGradHookOverheadS, kHostLayerFwdS,
       kHostLayerBwdS,        kGradCommOverlapFrac,
-      kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kStagedCopyBytesPerS, kGpuOptBwEffFrac,
+      kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kStagedCopyBytesPerS, kHostCopyBytesPerSPerThread, kGpuOptBwEffFrac,
       kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,
       kGpuWorkspaceBytes,    kGpuFragFrac,            kActBytesMult,      kLossExtraBytesPerLogit,
       kHostBytesPerRank};

@@ -25,6 +25,7 @@ enum Coef : int {
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
   kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
   kParamFetchOverheadS,      // host time of one hooked parameter fetch (peer engines' ZeRO-3 / FSDP2 units)
+  kGradHookOverheadS,        // a peer engine's ZeRO-3 gradient hook per parameter tensor in the backward (host)
   kHostLayerFwdS,            // host time to issue one layer's forward (the floor of a launch-bound forward)
   kHostLayerBwdS,            // host time to issue one layer's backward (the floor of a launch-bound backward)
   // --- communication --------------------------------------------------------
@@ -40,6 +41,7 @@ enum Coef : int {
   kCpuOptOverlapFrac,        // share of the last backward that hides the pipelined CPU optimizer
   kFwdUploadOverlapFrac,     // share of the next forward that hides the rest (offload pipeline "full")
   kStagedCopyBytesPerS,      // device-to-host copy into another dtype through torch's pageable temporaries
+  kHostCopyBytesPerSPerThread,  // host memory copied (or converted) by one CPU thread: torch's CPU copy_, pageable staging
   // --- optimizer ------------------------------------------------------------
   kGpuOptBwEffFrac,          // GPU optimizer: achieved fraction of HBM bandwidth
   kGpuOptFlopsPerS,          // GPU optimizer: arithmetic rate of its kernels (8-bit decode/encode)

@@ -67,6 +67,19 @@ int64_t ModelSpec::param_modules_outside_layers() const {
          (tied_embeddings ? 0 : 1);
 }
 
+int64_t ModelSpec::param_tensors_per_layer() const {
+  const bool fused_qkv = model_type == "gpt_neox" || model_type == "gpt2" || model_type == "mpt";
+  const int64_t attn_weights = fused_qkv ? 2 : 4;
+  const int64_t mlp_weights = gated_mlp ? 3 : 2;
+  const int64_t biases = (qkv_bias ? (fused_qkv ? 1 : 3) : 0) + (attn_out_bias ? 1 : 0) + (mlp_bias ? mlp_weights : 0);
+  return attn_weights + mlp_weights + biases + norms_per_layer * (norm == NormKind::kLayer ? 2 : 1);
+}
+
+int64_t ModelSpec::param_tensors_outside_layers() const {
+  return 1 + (learned_position_embeddings > 0 ? 1 : 0) + (word_embed_proj_dim > 0 ? 2 : 0) +
+         (final_norm ? (norm == NormKind::kLayer ? 2 : 1) : 0) + (tied_embeddings ? 0 : 1 + (lm_head_bias ? 1 : 0));
+}
+
 int64_t ModelSpec::total_params() const {
   return embedding_params() + num_layers * params_per_layer() + final_norm_params() +
          lm_head_params();

@@ -60,6 +60,9 @@ struct ModelSpec {
   // final norm and an untied lm_head. ZeRO-3 hooks fetch each one on its own.
   int64_t param_modules_per_layer() const;
   int64_t param_modules_outside_layers() const;
+  // Parameter tensors (weights and biases) as transformers registers them, in a layer and outside.
+  int64_t param_tensors_per_layer() const;
+  int64_t param_tensors_outside_layers() const;
 };
 
 // One of a layer's four weight matrices as the Stepcast backend stores it (q, k and v fused in

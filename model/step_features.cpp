@@ -183,6 +183,10 @@ double model_flops_per_token(const ModelSpec& spec, const TrainConfig& c) {
   return full - 2.0 * params + 6.0 * lora_params(spec, c);
 }
 
+double node_cpu_cores(const HardwareProfile& hw, const TrainConfig& config, const ResourceLimits& limits) {
+  return limits.cpu_cores_node > 0 ? limits.cpu_cores_node : hw.host.cpu_cores_per_gpu * config.gpus_per_node;
+}
+
 double bucket_elems(const ModelSpec& spec) {
   return static_cast<double>(spec.hidden_size) * static_cast<double>(spec.hidden_size);
 }
@@ -291,6 +295,13 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // cross-validated error worse (docs/engines.md), so its feature stays 0.
   const double fetch_rounds = 2.0 + (c.activation_checkpointing ? 1.0 : 0.0);
   if (stage == 3 && c.engine == Engine::kDeepSpeed) f.param_fetches_micro = fetch_rounds * modules;
+  // One round of the fetches (and of the stage-3 gathers) precedes the forward's modules; the
+  // peer harness's forward holds it (measured on one H200: ZeRO-3's forward is 0.09-0.10 s per
+  // micro-batch longer than ZeRO-1's for pythia-2.8b, 195 modules, at micro-batch 1, 4 and 8).
+  if (stage == 3) f.fetch_fwd_frac = 1.0 / (c.engine == Engine::kDeepSpeed ? fetch_rounds : 2.0);
+  if (stage == 3 && c.engine == Engine::kDeepSpeed)
+    f.grad_hooks_micro = static_cast<double>(spec.param_tensors_per_layer()) * L +
+                         static_cast<double>(spec.param_tensors_outside_layers());
   if (multi_rank) {
     f.gather_bus_factor = all_gather_bus_factor(n);
     if (stage == 0) {
@@ -383,7 +394,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       f.grad_host_bytes_micro = shard_params * 2.0 * wb;
       f.d2h_bytes_boundary = shard_params * (2.0 * wb + (sixteen_bit ? 0.0 : 4.0));
       f.staged_d2h_bytes_boundary = sixteen_bit ? shard_params * wb : 0.0;
-      f.h2d_bytes_step = offload_par ? 0.0 : shard_params * wb;
+      // step(), per sub-group, _reassign_or_swap_out_partitioned_parameters: the fp32 partition
+      // (pinned host memory) is copied into the 16-bit one. Into a 16-bit GPU partition torch
+      // converts on the CPU threads into a pageable temporary (read 4 B, write wb) that the
+      // copying thread stages to the GPU; with parameter offload the 16-bit partition is on
+      // the host and the copy stays there. An fp32 run copies pinned memory over PCIe, or on
+      // the host with parameter offload.
+      if (sixteen_bit || offload_par) f.host_convert_bytes_step = shard_params * (4.0 + wb);
+      f.pageable_h2d_bytes_step = sixteen_bit && !offload_par ? shard_params * wb : 0.0;
+      f.h2d_bytes_step = offload_par || sixteen_bit ? 0.0 : shard_params * wb;
     }
   }
   if (offload_opt && c.engine == Engine::kFsdp2) {
@@ -409,8 +428,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   if (offload_opt && c.engine != Engine::kStepcast) f.opt_bytes_per_param = 28.0;
   f.opt_flops_per_param = optimizer_flops(c.optimizer);
   f.ranks_per_node = c.gpus_per_node;
-  f.cpu_cores_node = limits.cpu_cores_node > 0 ? limits.cpu_cores_node
-                                               : hw.host.cpu_cores_per_gpu * c.gpus_per_node;
+  f.cpu_cores_node = node_cpu_cores(hw, c, limits);
   // The peers' CPU optimizers (DeepSpeed's cpu_adam, torch's CPU AdamW) run on OpenMP threads.
   // torchrun, and accelerate launch through it, sets OMP_NUM_THREADS=1 in every rank when it starts
   // more than one per node and the variable is unset (torch/distributed/run.py, config_from_args):
@@ -507,10 +525,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // runtime/zero/stage_1_and_2.py: the fp32 partition and its fp32 gradient, pinned, and with
       // GAS > 1 the 16-bit accumulation buffers (accumulated_grads_in_cpu), one pinned tensor per
       // parameter of the partition.
+      const double fp32_partition = pinned_host_bytes(os_shard * 4.0);
       mem.host_opt_states_bytes = moments;
-      mem.host_grads_bytes = pinned_host_bytes(os_shard * 4.0) +
-                             (c.gas > 1 && !peft ? pinned_per_tensor_bytes(spec, wb) / n : 0.0);
-      mem.host_pinned_buffers_bytes = pinned_host_bytes(os_shard * 4.0);
+      mem.host_grads_bytes = fp32_partition + (c.gas > 1 && !peft ? pinned_per_tensor_bytes(spec, wb) / n : 0.0);
+      mem.host_pinned_buffers_bytes = fp32_partition;
     } else if (c.engine == Engine::kDeepSpeed) {
       // runtime/zero/stage3.py: the fp32 partition, its fp32 gradient pinned per sub-group of at
       // most sub_group_size (1e9) parameters, and the pinned 16-bit gradient partition buffer.

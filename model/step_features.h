@@ -55,6 +55,8 @@ struct StepFeatures {
   // before its backward.
   double grad_accum_bytes_micro = 0, local_gather_bytes_micro = 0;
   double param_fetches_micro = 0;  // hooked parameter fetches per micro-batch (peer engines' stage 3)
+  double fetch_fwd_frac = 0;       // share of those fetches (and of the exposed gathers) in the forward
+  double grad_hooks_micro = 0;     // hooked gradient reductions per micro-batch (DeepSpeed ZeRO-3: one per tensor)
   double post_step_gather_bytes = 0, post_step_gather_calls = 0;  // stage 1/2 updated params
   double gather_bus_factor = 0;     // (n-1)/n
   double link_bytes_per_s = 0;      // slowest link of the ring, before efficiency
@@ -67,6 +69,9 @@ struct StepFeatures {
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
   double grad_host_bytes_micro = 0; // gradients to and from the host on each non-boundary micro-batch (DeepSpeed)
   double staged_d2h_bytes_boundary = 0; // 16-bit gradient bytes copied into fp32 host buffers through pageable temporaries
+  // After the optimizer step, per rank: host bytes read and written by a CPU copy_ on the rank's
+  // threads, and bytes staged from pageable host memory to the GPU by one thread (DeepSpeed ZeRO-3).
+  double host_convert_bytes_step = 0, pageable_h2d_bytes_step = 0;
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;
@@ -166,6 +171,10 @@ struct ResourceLimits {
 
 Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const TrainConfig& config,
                        const ResourceLimits& limits = {});
+
+// The CPU cores of one node: the limit when given, else the profile's cores per GPU times the
+// node's GPUs (not the threads a peer's launch leaves its optimizer: make_features).
+double node_cpu_cores(const HardwareProfile& hw, const TrainConfig& config, const ResourceLimits& limits);
 
 // Reduction bucket size in elements: Hugging Face's "auto" value h^2 for
 // DeepSpeed's reduce_bucket_size, which the DeepSpeed config also writes.

@@ -35,6 +35,7 @@ struct StepTime {
   T optimizer_total_s{};  // the optimizer's own time (CPU: hidden or not)
   T gas_s{}, opt_s{}, step_s{};
   T tail_s{};  // after the last micro-batch: optimizer, uploads, post-step all-gathers (exposed)
+  T forward_gather_s{};  // the share of param_gather_s before the forwards' modules
 };
 
 namespace detail {
@@ -148,6 +149,18 @@ T cpu_optimizer_time_s(double params, double bytes_per_param, double flops_per_p
   return smooth_max(memory_s, arith_s) + coef[kCpuOptStepOverheadS];
 }
 
+// Host copies after the optimizer step: `convert_bytes` per rank on the rank's threads (all of
+// the node's ranks at once, sharing its DRAM, as the CPU optimizer does) and `pageable_bytes`
+// staged to the GPU by one thread.
+template <class T>
+T host_copy_time_s(double convert_bytes, double pageable_bytes, double ranks, double cores, double dram_bytes_per_s,
+                   const T* coef) {
+  if (convert_bytes <= 0.0 && pageable_bytes <= 0.0) return T(0.0);
+  const T& per_thread = coef[kHostCopyBytesPerSPerThread];
+  const T stream_bps = 1.0 / (1.0 / (T(dram_bytes_per_s) * coef[kCpuDramEffFrac]) + 1.0 / (cores * per_thread));
+  return convert_bytes * ranks / stream_bps + pageable_bytes / per_thread;
+}
+
 // The GPU optimizer: its traffic at a fraction of HBM bandwidth, or its
 // arithmetic (8-bit AdamW's decode and encode), in the same smooth roofline.
 template <class T>
@@ -252,8 +265,11 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     share(rs_micro_s, grad_host_micro_s, rs_exposed_micro, grad_host_exposed_micro);
     share(rs_micro_s + rs_boundary_s, d2h_boundary_s, rs_exposed_boundary, d2h_exposed_boundary);
   }
-  const T micro_s = compute_s + gather_exposed + rs_exposed_micro + grad_host_exposed_micro;
-  const T boundary_micro_s = compute_s + gather_exposed + rs_exposed_boundary + d2h_exposed_boundary + staged_s;
+  // A peer engine's hooked gradient reductions: host work in the backward, not hidden.
+  const T hooks_s = coef[kGradHookOverheadS] * f.grad_hooks_micro;
+  const T micro_s = compute_s + gather_exposed + hooks_s + rs_exposed_micro + grad_host_exposed_micro;
+  const T boundary_micro_s =
+      compute_s + gather_exposed + hooks_s + rs_exposed_boundary + d2h_exposed_boundary + staged_s;
 
   // --- optimizer step --------------------------------------------------------
   // All ranks of a host run their CPU optimizer at once and share its cores and DRAM.
@@ -269,13 +285,15 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // After the last micro-batch: serial on the GPU; with CPU offload, a pipeline whose
   // slower stream (CPU updates, or uploads + all-gathers) runs from the start of the
   // last backward, then the last unit's upload and all-gather.
-  T tail_s = optimizer_s + upload_s + post_gather_s;
+  const T host_copy_s = host_copy_time_s(f.host_convert_bytes_step, f.pageable_h2d_bytes_step, f.ranks_per_node,
+                                         f.cpu_cores_node, f.dram_bytes_per_s, coef);
+  T tail_s = optimizer_s + upload_s + post_gather_s + host_copy_s;
   T optimizer_exposed = optimizer_s;
   const bool pipelined = f.opt_on_cpu > 0.0 && f.opt_pipelined > 0.0;
   if (pipelined) {
     const T back_s = (upload_s + post_gather_s) / f.opt_pipeline_units;
     const T hidden = coef[kCpuOptOverlapFrac] * bwd_s;
-    tail_s = max0(detail::max2(optimizer_s, upload_s + post_gather_s) - hidden) + back_s;
+    tail_s = max0(detail::max2(optimizer_s, upload_s + post_gather_s) - hidden) + back_s + host_copy_s;
     optimizer_exposed = max0(optimizer_s - hidden);
     if (f.opt_overlap_fwd > 0.0) {
       // The step returns; the next forward takes each unit as it comes up, in forward
@@ -293,14 +311,15 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.forward_s = g * fwd_s;
   out.backward_s = g * bwd_s;
   out.recompute_s = g * recompute_s;
-  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + (pipelined ? T(0.0) : post_gather_s);
-  out.grad_comm_total_s = g * rs_micro_s + rs_boundary_s + post_gather_s;
+  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + g * hooks_s + (pipelined ? T(0.0) : post_gather_s);
+  out.grad_comm_total_s = g * (rs_micro_s + hooks_s) + rs_boundary_s + post_gather_s;
   out.param_gather_s = g * gather_exposed;
+  out.forward_gather_s = g * gather_exposed * f.fetch_fwd_frac;
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
   out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + staged_s +
-                         (pipelined ? tail_s - optimizer_exposed : upload_s);
-  out.offload_transfer_total_s = (g - 1.0) * grad_host_micro_s + d2h_boundary_s + staged_s + upload_s;
+                         (pipelined ? tail_s - optimizer_exposed : upload_s + host_copy_s);
+  out.offload_transfer_total_s = (g - 1.0) * grad_host_micro_s + d2h_boundary_s + staged_s + upload_s + host_copy_s;
   out.optimizer_s = optimizer_exposed;
   out.optimizer_total_s = optimizer_s;
   out.gas_s = (g - 1.0) * micro_s;
@@ -322,7 +341,10 @@ struct TimedPhases {
 
 template <class T>
 TimedPhases<T> timed_phases(const StepTime<T>& t, bool peer_harness) {
-  if (peer_harness) return {t.forward_s, t.step_s - t.tail_s - t.forward_s, t.tail_s};
+  if (peer_harness) {
+    const T forward = t.forward_s + t.forward_gather_s;
+    return {forward, t.step_s - t.tail_s - forward, t.tail_s};
+  }
   return {t.forward_s, t.backward_s + t.recompute_s, t.optimizer_total_s};
 }
 

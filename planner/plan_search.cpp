@@ -362,9 +362,7 @@ std::vector<Lever> offload_levers(const SearchRequest& req, const Prediction& pl
   t.offload_optimizer = OffloadDevice::kNone;
   t.offload_overlap_forward = false;
   add("no offload (optimizer on the GPU)", t, req.limits);
-  // The node's cores (not the threads a peer's launch leaves its optimizer: step_features.cpp).
-  const double node_cores = req.limits.cpu_cores_node > 0 ? req.limits.cpu_cores_node
-                                                          : req.hardware.host.cpu_cores_per_gpu * c.gpus_per_node;
+  const double node_cores = node_cpu_cores(req.hardware, c, req.limits);
   ResourceLimits more = req.limits;
   more.cpu_cores_node = 2.0 * node_cores;
   add("twice the CPU cores (" + std::to_string(static_cast<int>(more.cpu_cores_node)) + " per node)", c, more);
