@@ -498,6 +498,14 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                   (live_layers * (act_per_layer + lora_act_per_layer) + ckpt_inputs +
                    (c.activation_checkpointing ? act_per_layer + lora_act_per_layer : 0.0) +
                    2.0 * h /*final norm, head input*/);
+  // transformers' eager attention, the peers' math path, takes the softmax in fp32 and casts the
+  // probabilities to the value's dtype for their product with V (llama: softmax(dtype=float32)
+  // then .to(query.dtype); GPT-J upcasts query and key to fp32): softmax keeps its fp32 output for
+  // the backward beside the 16-bit copy, 4 B more per score. Measured: DeepSpeed with GPT-J on one
+  // H200 ran out of its 139.8 GiB at micro-batch 2 where 121 GiB had been predicted without it
+  // (docs/engines.md).
+  if (c.attention == AttentionKind::kMath && c.engine != Engine::kStepcast && wb < 4.0)
+    mem.act_bytes += tokens * 4.0 * static_cast<double>(spec.num_heads) * s * (c.activation_checkpointing ? 1.0 : L);
   mem.logits_elems = tokens * static_cast<double>(spec.vocab_size);
   mem.logit_bytes = wb;
   if (offload_opt) {

@@ -87,6 +87,7 @@ int run_compare(CompareOptions& co) {
       SearchRequest req;
       req.base = base_config(lo);
       req.base.engine = eng;
+      req.base.attention = attention_for(lo, model, eng);
       req.model = model;
       req.hardware = for_engine(hw, co.engine);
       req.limits = limits_of(lo);

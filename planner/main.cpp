@@ -172,6 +172,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   const bool overlap_forward = ranking_overlaps_forward(pipeline, "recommend");
   SearchRequest req = make_request(o, global_batch, optimizers);
   req.base.engine = eng;
+  req.base.attention = attention_for(o, req.model, eng);
   const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
   req.overlap_forward = overlap_forward;
@@ -180,6 +181,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   if (eng != Engine::kStepcast) {
     SearchRequest sreq = req;
     sreq.base.engine = Engine::kStepcast;
+    sreq.base.attention = attention_for(o, req.model, Engine::kStepcast);
     const SearchResult sres = search_plans(sreq);
     if (!sres.ranked.empty()) ours = sres.ranked.front();
   }
@@ -361,6 +363,7 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   if (c.offload_optimizer != OffloadDevice::kCpu) c.offload_overlap_forward = false;  // the flag's default is for offload
   validate_config(c);
   ModelSpec model = resolve_model(o.model, data_dir(o));
+  c.attention = attention_for(o, model, c.engine);
   HardwareProfile hw = resolve_hardware(o.hardware, data_dir(o));
   Prediction p = evaluate(model, hw, c, limits_of(o));
   ReportContext ctx{&model, &hw, o.train_tokens};

@@ -31,7 +31,9 @@ void add_common(CLI::App* app, CommonOptions& o) {
   app->add_option("--seq", o.seq, "sequence length in tokens")->capture_default_str();
   app->add_option("--precision", o.precision, "fp32 | bf16 | fp16 (bf16/fp16: mixed precision with fp32 master weights)")
       ->capture_default_str();
-  app->add_option("--attention", o.attention, "flash (fused SDPA kernels) | math (materialised softmax)")
+  app->add_option("--attention", o.attention,
+                  "auto | flash (fused SDPA kernels) | math (materialised softmax); auto: flash, or math where "
+                  "DeepSpeed/FSDP2 run a transformers model without SDPA (GPT-J)")
       ->capture_default_str();
   app->add_option("--gpu-mem-gib", o.gpu_mem_gib, "usable memory per GPU in GiB (default: the profile's)");
   app->add_option("--cpu-mem-gib", o.cpu_mem_gib, "host memory per node in GiB (default: profile's per-GPU figure x GPUs)");
@@ -78,7 +80,7 @@ TrainConfig base_config(const CommonOptions& o) {
   c.nodes = o.nodes;
   c.seq_len = o.seq;
   c.precision = parse_precision(o.precision, "--precision");
-  c.attention = parse_attention(o.attention, "--attention");
+  c.attention = o.attention == "auto" ? AttentionKind::kFlash : parse_attention(o.attention, "--attention");
   // --peft auto is recommend's (make_request): the base configuration is full fine-tuning.
   c.peft = o.peft == "auto" ? PeftKind::kNone : parse_peft(o.peft, "--peft");
   c.lora_rank = o.lora_rank;
@@ -93,6 +95,27 @@ TrainConfig base_config(const CommonOptions& o) {
     validate_config(c);
   }
   return c;
+}
+
+namespace {
+
+// Architectures whose transformers implementation has no scaled_dot_product_attention path: the
+// peers' harnesses build them with attn_implementation="eager". Measured with transformers 5.17
+// on the H200 host: GPTJForCausalLM raises "does not support an attention implementation through
+// torch.nn.functional.scaled_dot_product_attention yet"
+// (data/runs/h200-sxm/logs/2026-12-01_peers_deepspeed_1gpu_holdout_peer.log).
+bool transformers_has_sdpa(const ModelSpec& m) { return m.model_type != "gptj"; }
+
+}  // namespace
+
+AttentionKind attention_for(const CommonOptions& o, const ModelSpec& model, Engine engine) {
+  const bool eager_only = engine != Engine::kStepcast && !transformers_has_sdpa(model);
+  if (o.attention == "auto") return eager_only ? AttentionKind::kMath : AttentionKind::kFlash;
+  const AttentionKind a = parse_attention(o.attention, "--attention");
+  if (a == AttentionKind::kFlash && eager_only)
+    throw InputError("--attention flash: transformers has no SDPA attention for " + model.name + " (model_type " +
+                     model.model_type + "); " + engine_name(engine) + " runs it with math attention (--attention math or auto)");
+  return a;
 }
 
 ResourceLimits limits_of(const CommonOptions& o) {

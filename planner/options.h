@@ -20,7 +20,7 @@ struct CommonOptions {
   int nodes = 1;
   int64_t seq = 2048;
   std::string precision = "bf16";
-  std::string attention = "flash";
+  std::string attention = "auto";
   double gpu_mem_gib = 0;
   double cpu_mem_gib = 0;
   double cpu_cores = 0;
@@ -46,6 +46,11 @@ void check_range(const char* flag, double v, double lo, double hi, bool allow_ze
 // The base configuration of a search or an explanation: GPUs, nodes, sequence, precision,
 // attention, PEFT settings (--peft auto leaves full fine-tuning: recommend searches the methods).
 TrainConfig base_config(const CommonOptions& o);
+
+// The attention a run of `engine` gets: --attention as given, and "auto" the fused SDPA kernels,
+// except where a peer engine runs a transformers architecture that has no SDPA implementation
+// (math). --attention flash for such a peer run is an InputError.
+AttentionKind attention_for(const CommonOptions& o, const ModelSpec& model, Engine engine);
 ResourceLimits limits_of(const CommonOptions& o);
 
 }  // namespace stepcast

@@ -171,5 +171,17 @@ if "$PLANNER" compare --model 6b --train-tokens 1e9 --hardware a100-40gb-sxm --m
 "$PLANNER" compare --model 6b --train-tokens 1e9 --hardware a100-40gb-sxm --max-gpus 2 >"$TMP/cmp" 2>&1
 grep -q "pod-limited" "$TMP/cmp" && bad "compare: the real Lambda pod was flagged: $(cat "$TMP/cmp")" || ok
 
+# Attention "auto": the backend runs flash everywhere; DeepSpeed and FSDP2 run transformers' GPT-J
+# eagerly (no SDPA path there), llama with SDPA; an explicit flash for a peer's GPT-J is refused.
+attn() { "$PLANNER" explain "$@" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["plans"][0]["config"]["attention"])'; }
+[[ "$(attn --model 6b)" == flash ]] && ok || bad "attention auto: the backend's gpt-j is not flash"
+[[ "$(attn --model 6b --engine deepspeed)" == math ]] && ok || bad "attention auto: DeepSpeed's gpt-j is not math"
+[[ "$(attn --model 7b --engine deepspeed)" == flash ]] && ok || bad "attention auto: DeepSpeed's llama is not flash"
+[[ "$(attn --model 6b --engine deepspeed --attention math)" == math ]] && ok || bad "attention math not kept"
+expect_error "peer flash on gpt-j" "no SDPA attention for gpt-j-6b .*math attention" explain --model 6b --engine deepspeed --attention flash
+if "$PLANNER" recommend --model 6b --gpus 2 --engine deepspeed --json 2>/dev/null |
+   python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if all(p["config"]["attention"] == "math" for p in d["plans"]) else 1)'; then
+  ok; else bad "recommend --engine deepspeed: gpt-j plans are not all math attention"; fi
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -103,6 +103,33 @@ TEST_CASE("activation count: hand derivation for llama-2-7b and Korthikanti's 34
         doctest::Approx(32.0));
 }
 
+TEST_CASE("activations: a peer's eager attention keeps the fp32 softmax beside the 16-bit probabilities") {
+  // gpt-j-6b (16 heads, 28 layers), bf16, micro-batch 2 at 2048 tokens, DeepSpeed with math
+  // attention: each layer keeps 16 x 2048 scores per token twice, 2 B (the product's input) and
+  // 4 B (softmax's output). The backend's math kernel keeps the 2 B copy only.
+  const ModelSpec m = model("gpt-j-6b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(0, 1);
+  c.micro_batch = 2;
+  c.attention = AttentionKind::kMath;
+  const double ours = make_features(m, hw, c).memory.act_bytes;
+  c.engine = Engine::kDeepSpeed;
+  const double tokens = 2.0 * 2048.0;
+  CHECK(make_features(m, hw, c).memory.act_bytes - ours ==
+        doctest::Approx(tokens * 4.0 * 16.0 * 2048.0 * 28.0));  // 15.0 GB
+  // With checkpointing one layer is live: 1/28 of it.
+  c.activation_checkpointing = true;
+  const double ckpt = make_features(m, hw, c).memory.act_bytes;
+  c.engine = Engine::kStepcast;
+  CHECK(ckpt - make_features(m, hw, c).memory.act_bytes == doctest::Approx(tokens * 4.0 * 16.0 * 2048.0));
+  // fp32 training has one fp32 copy already: nothing more.
+  c.precision = Precision::kFp32;
+  c.activation_checkpointing = false;
+  const double fp32_ours = make_features(m, hw, c).memory.act_bytes;
+  c.engine = Engine::kDeepSpeed;
+  CHECK(make_features(m, hw, c).memory.act_bytes == fp32_ours);
+}
+
 TEST_CASE("activations: checkpointing keeps one input per layer plus one live layer") {
   const ModelSpec m = model("llama-2-7b");
   const HardwareProfile hw = hardware("h200-sxm");

@@ -81,12 +81,14 @@ def hf_config(card, precision):
 
 
 def causal_lm(cfg, dtype):
-    """The transformers model of `cfg` with SDPA attention, in `dtype` (transformers 5 names it dtype, 4 torch_dtype)."""
+    """The transformers model of `cfg` in `dtype` (transformers 5 names it dtype, 4 torch_dtype), with the
+    plan's attention: SDPA for "flash", eager for "math" (the planner plans math attention for an
+    architecture transformers has no SDPA path for, e.g. GPT-J)."""
     from transformers import AutoModelForCausalLM
     try:
-        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=cfg.peer_attn)
     except TypeError:
-        return AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation=cfg.peer_attn)
 
 
 def layer_list(model):
@@ -367,6 +369,7 @@ def main():
         fail(f"{a.plan}: plans[0].config.world_size is {c['gpus'] * c['nodes']}, but torchrun started {world} ranks")
     torch.cuda.set_device(local_rank)
     cfg = hf_config(card, c["precision"])
+    cfg.peer_attn = {"flash": "sdpa", "math": "eager"}[c["attention"]]
     if a.engine == "deepspeed":
         if not a.deepspeed_config:
             fail("--deepspeed-config is required with --engine deepspeed")
@@ -389,7 +392,7 @@ def main():
     c["engine"] = a.engine
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "engine": a.engine,
            "engine_version": engine_version(a.engine), "git_commit": a.git_commit, "world_size": world,
-           "data": "random tokens", "attention": "sdpa", "model_implementation": "transformers",
+           "data": "random tokens", "attention": cfg.peer_attn, "model_implementation": "transformers",
            # The peers' CPU optimizers run on OpenMP / intra-op threads: torchrun sets OMP_NUM_THREADS=1
            # for each rank when it starts more than one per node and the variable is unset.
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "torch_threads": torch.get_num_threads(),
