@@ -42,8 +42,8 @@ void block(std::ostringstream& o, const std::string& text, int indent) {
 }
 
 void replica(std::ostringstream& o, const char* role, int replicas, const ManifestRequest& req,
-             const std::vector<std::string>& args, const std::string& config_map, int gpus_per_pod,
-             const std::string& data_claim) {
+             const std::string& command, const std::vector<std::string>& args, const std::string& config_map,
+             int gpus_per_pod, const std::string& data_claim) {
   o << "    " << role << ":\n";
   o << "      replicas: " << replicas << "\n";
   o << "      restartPolicy: OnFailure\n";
@@ -63,7 +63,7 @@ void replica(std::ostringstream& o, const char* role, int replicas, const Manife
   o << "          containers:\n";
   o << "          - name: pytorch\n";
   o << "            image: " << q(req.image) << "\n";
-  o << "            command: [\"torchrun\"]\n";
+  o << "            command: [" << q(command) << "]\n";
   o << "            args:\n";
   for (const std::string& a : args) o << "            - " << q(a) << "\n";
   o << "            env:\n";
@@ -125,8 +125,22 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
                                    "--node-rank=$(RANK)",
                                    "--master-addr=$(MASTER_ADDR)",
                                    "--master-port=$(MASTER_PORT)"};
-  const bool deepspeed = c.engine == Engine::kDeepSpeed;
-  if (deepspeed) {
+  std::string command = "torchrun";
+  const bool deepspeed = c.engine == Engine::kDeepSpeed, fsdp2 = c.engine == Engine::kFsdp2;
+  if (fsdp2) {
+    // The user's training script under Accelerate with the FSDP2 YAML we write; the pod's rank and
+    // rendezvous override the YAML's single-machine keys (accelerate launch's flags).
+    command = "accelerate";
+    args = {"launch",
+            "--config_file",
+            "/etc/stepcast/fsdp_config.yaml",
+            "--num_processes=" + std::to_string(c.world_size()),
+            "--num_machines=" + std::to_string(c.nodes),
+            "--machine_rank=$(RANK)",
+            "--main_process_ip=$(MASTER_ADDR)",
+            "--main_process_port=$(MASTER_PORT)",
+            "train.py"};
+  } else if (deepspeed) {
     // The user's Hugging Face Trainer script in the image, with the DeepSpeed JSON we write.
     for (const char* a : {"train.py", "--deepspeed", "/etc/stepcast/ds_config.json"}) args.push_back(a);
   } else {
@@ -140,7 +154,7 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
   o << "# Stepcast plan for " << model.name << ": " << family_name(c) << ", micro-batch " << c.micro_batch << ", GAS "
     << c.gas << ", " << c.nodes << " pod(s) x " << c.gpus_per_node << " GPU(s).\n";
   o << "# The operator (Kubeflow training-operator) gives each pod RANK (its index), MASTER_ADDR and\n"
-       "# MASTER_PORT; torchrun starts one rank per GPU. Before applying (kubectl apply -f this file),\n"
+       "# MASTER_PORT; torchrun (Accelerate for FSDP2) starts one rank per GPU. Before applying (kubectl apply -f this file),\n"
        "# create the PersistentVolumeClaim \"" << data_claim << "\" (ReadWriteMany) holding train.txt; the\n"
        "# checkpoint is written beside it.\n";
   o << "apiVersion: v1\n";
@@ -153,6 +167,10 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
   if (deepspeed) {
     o << "  ds_config.json: |\n";
     block(o, deepspeed_config(model, c).deepspeed.dump(2), 4);
+  }
+  if (fsdp2) {
+    o << "  fsdp_config.yaml: |\n";
+    block(o, accelerate_fsdp_yaml(model, c), 4);
   }
   o << "---\n";
   o << "apiVersion: kubeflow.org/v1\n";
@@ -169,8 +187,8 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
   // Our backend sizes its own CPU threads; only a peer's launch carries OMP_NUM_THREADS.
   ManifestRequest pod = req;
   if (c.engine == Engine::kStepcast || c.offload_optimizer == OffloadDevice::kNone) pod.cpu_threads_per_rank = 0;
-  replica(o, "Master", 1, pod, args, config_map, c.gpus_per_node, data_claim);
-  if (c.nodes > 1) replica(o, "Worker", c.nodes - 1, pod, args, config_map, c.gpus_per_node, data_claim);
+  replica(o, "Master", 1, pod, command, args, config_map, c.gpus_per_node, data_claim);
+  if (c.nodes > 1) replica(o, "Worker", c.nodes - 1, pod, command, args, config_map, c.gpus_per_node, data_claim);
   return o.str();
 }
 

@@ -38,8 +38,15 @@ for role, spec in specs.items():
     assert c["name"] == "pytorch"  # the training operator's container name
     assert c["resources"]["limits"]["nvidia.com/gpu"] == str(row["gpus_per_node"])
     assert c["resources"]["requests"] == c["resources"]["limits"]
-    assert "--nproc-per-node=%d" % row["gpus_per_node"] in c["args"]
-    assert "--nnodes=%d" % nodes in c["args"]
+    if row["config"].get("engine", "stepcast") == "fsdp2":
+        # Accelerate with our FSDP2 YAML: every rank of every pod, this pod's rank.
+        assert c["command"] == ["accelerate"] and c["args"][:3] == ["launch", "--config_file", "/etc/stepcast/fsdp_config.yaml"]
+        assert "--num_processes=%d" % (row["gpus_per_node"] * nodes) in c["args"]
+        assert "--num_machines=%d" % nodes in c["args"] and "--machine_rank=$(RANK)" in c["args"]
+    else:
+        assert c["command"] == ["torchrun"]
+        assert "--nproc-per-node=%d" % row["gpus_per_node"] in c["args"]
+        assert "--nnodes=%d" % nodes in c["args"]
     mem_gi = int(c["resources"]["limits"]["memory"][:-2])
     shm_gi = int([v for v in pod["volumes"] if v["name"] == "dshm"][0]["emptyDir"]["sizeLimit"][:-2])
     assert mem_gi > shm_gi  # /dev/shm counts against the pod's memory
@@ -49,6 +56,9 @@ if row["config"].get("engine", "stepcast") == "deepspeed":
     ds = json.loads(cm["data"]["ds_config.json"])
     assert ds["train_micro_batch_size_per_gpu"] == row["config"]["micro_batch"]
     assert ds["gradient_accumulation_steps"] == row["config"]["gas"]
+if row["config"].get("engine", "stepcast") == "fsdp2":
+    fsdp = yaml.safe_load(cm["data"]["fsdp_config.yaml"])
+    assert fsdp["distributed_type"] == "FSDP" and fsdp["num_processes"] == row["gpus_per_node"] * nodes, fsdp
 # The same check fails on a broken manifest: a misspelt field, a quantity with a space.
 bad = json.loads(json.dumps(job))
 bad["spec"]["pytorchReplicaSpecs"]["Master"]["replicass"] = 1
@@ -72,4 +82,6 @@ check cheapest --model 6b --train-tokens 1e9
 check nodes --model 70b --hardware h100-sxm --max-gpus 32 --train-tokens 1e9 --budget-usd 1e9
 # A DeepSpeed plan: the ConfigMap carries the DeepSpeed JSON.
 check deepspeed --model 7b --hardware a100-80gb-sxm --engine deepspeed --train-tokens 1e8 --max-gpus 8
+# An FSDP2 plan: Accelerate launches the user's script with the FSDP2 YAML from the ConfigMap.
+check fsdp2 --model 7b --hardware a100-80gb-sxm --engine fsdp2 --train-tokens 1e8 --max-gpus 8
 echo "k8s_manifest_test: all passed"
