@@ -55,9 +55,17 @@ int64_t ModelSpec::final_norm_params() const {
   return (norm == NormKind::kLayer ? 2 : 1) * hidden_size;
 }
 
+namespace {
+
+// Architectures whose transformers implementation holds q, k and v in one projection.
+bool fused_qkv(const ModelSpec& m) {
+  return m.model_type == "gpt_neox" || m.model_type == "gpt2" || m.model_type == "mpt";
+}
+
+}  // namespace
+
 int64_t ModelSpec::param_modules_per_layer() const {
-  const bool fused_qkv = model_type == "gpt_neox" || model_type == "gpt2" || model_type == "mpt";
-  const int64_t attn = fused_qkv ? 2 : 4;
+  const int64_t attn = fused_qkv(*this) ? 2 : 4;
   const int64_t mlp = gated_mlp ? 3 : 2;
   return attn + mlp + norms_per_layer;
 }
@@ -68,10 +76,10 @@ int64_t ModelSpec::param_modules_outside_layers() const {
 }
 
 int64_t ModelSpec::param_tensors_per_layer() const {
-  const bool fused_qkv = model_type == "gpt_neox" || model_type == "gpt2" || model_type == "mpt";
-  const int64_t attn_weights = fused_qkv ? 2 : 4;
+  const bool fused = fused_qkv(*this);
+  const int64_t attn_weights = fused ? 2 : 4;
   const int64_t mlp_weights = gated_mlp ? 3 : 2;
-  const int64_t biases = (qkv_bias ? (fused_qkv ? 1 : 3) : 0) + (attn_out_bias ? 1 : 0) + (mlp_bias ? mlp_weights : 0);
+  const int64_t biases = (qkv_bias ? (fused ? 1 : 3) : 0) + (attn_out_bias ? 1 : 0) + (mlp_bias ? mlp_weights : 0);
   return attn_weights + mlp_weights + biases + norms_per_layer * (norm == NormKind::kLayer ? 2 : 1);
 }
 
