@@ -100,6 +100,46 @@ std::string planned_config_key(const TrainLaunch& launch, const fs::path& scratc
   }
 }
 
+namespace {
+
+// Moves the step records one configuration's run wrote to `mine` (whole lines only) into
+// runs.jsonl when the run exited 0, or into failed.jsonl beside it when it did not: a run that
+// died part-way (out of memory in its fourth step, say) is no measurement of its configuration,
+// and its steps must not count towards resuming it either. Records calibrate cannot read stay
+// out of runs.jsonl too. Returns whether the records went into runs.jsonl.
+bool collect_records(const fs::path& mine, const fs::path& runs, bool run_ok, const fs::path& data_dir,
+                     std::map<std::string, int>& have, const std::string& what) {
+  if (!fs::exists(mine)) return false;
+  std::string lines = read_text_file(mine);
+  lines.resize(lines.rfind('\n') + 1);  // whole lines only (npos + 1 == 0: none)
+  const fs::path failed = runs.parent_path() / "failed.jsonl";
+  std::string why;
+  std::vector<RunRecord> recs;
+  if (!run_ok) {
+    why = "the run failed";
+  } else {
+    try {
+      recs = load_runs({mine}, data_dir);
+    } catch (const InputError& e) {  // the run wrote what calibrate cannot read
+      why = e.what();
+    }
+  }
+  std::error_code ec;
+  fs::remove(mine, ec);
+  if (lines.empty()) return false;
+  if (!why.empty()) {
+    append_lines(failed, lines);
+    std::fprintf(stderr, "calibrate: %s: %s; its records went to %s, not %s\n", what.c_str(), why.c_str(),
+                 failed.string().c_str(), runs.string().c_str());
+    return false;
+  }
+  append_lines(runs, lines);
+  for (const auto& r : recs) have[r.key] += r.steps;
+  return true;
+}
+
+}  // namespace
+
 // calibrate measure: runs a designed list of configurations with `train`,
 // appending every step to OUT/runs.jsonl. A configuration already present with
 // enough measured steps is skipped, so an interrupted run resumes where it
@@ -196,15 +236,11 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
     }
     const int rc = run_train(launch, log).exit_status;
     stop_if_interrupted(i);
-    if (rc != 0) ++failed;
-    if (fs::exists(mine)) {
-      const auto recs = load_runs({mine}, resolve_data_dir(dir));
-      std::string lines = read_text_file(mine);
-      lines.resize(lines.rfind('\n') + 1);  // whole lines only (npos + 1 == 0: none)
-      if (!lines.empty()) append_lines(runs, lines);
-      for (const auto& r : recs) have[r.key] += r.steps;
-      fs::remove(mine);
+    if (rc != 0) {
+      ++failed;
+      std::fprintf(stderr, "\ncalibrate: %s failed (exit %d; %s)\n", key.c_str(), rc, log.c_str());
     }
+    if (!collect_records(mine, runs, rc == 0, resolve_data_dir(dir), have, key) && rc == 0) ++failed;
     ++done;
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -344,19 +380,7 @@ int run_peer_measure(const PeerMeasure& m) {
       ++failed;
       std::fprintf(stderr, "calibrate %s: %s failed (exit %d; %s)\n", m.engine.c_str(), key.c_str(), rc, log.c_str());
     }
-    if (fs::exists(mine)) {
-      std::string lines = read_text_file(mine);
-      lines.resize(lines.rfind('\n') + 1);
-      if (!lines.empty()) {
-        try {
-          for (const auto& r : load_runs({mine}, data)) have[r.key] += r.steps;
-          append_lines(runs, lines);
-        } catch (const InputError& e) {  // the harness wrote what calibrate cannot read: kept out of runs.jsonl
-          ++failed;
-          std::fprintf(stderr, "calibrate %s: %s: %s\n", m.engine.c_str(), key.c_str(), e.what());
-        }
-      }
-    }
+    if (!collect_records(mine, runs, rc == 0, data, have, key) && rc == 0) ++failed;
     ++done;
   }
   cleanup();

@@ -5,6 +5,7 @@
 #include "doctest_after_glog.h"
 
 #include "backend_test_util.h"
+#include "common/text_file.h"
 
 using namespace stepcast;
 using namespace stepcast::backend;
@@ -106,6 +107,39 @@ TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL
   e << err.rdbuf();
   CHECK(e.str().find("2 skipped") != std::string::npos);
   CHECK(e.str().find("micro-benchmarks already in") != std::string::npos);
+}
+
+TEST_CASE("calibrate measure keeps a run that failed part-way out of runs.jsonl, and does not resume past it") {
+  // The second configuration's rank 0 dies in its third step (after writing two step records):
+  // those records go to failed.jsonl, runs.jsonl holds the first configuration only, the exit
+  // status says a run failed, and a second call runs the failed configuration again.
+  const std::string calibrate = (fs::path(g_train).parent_path().parent_path() / "calibrate" / "calibrate").string();
+  const fs::path dir = tmpdir() / "partial";
+  remove_tree(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "list.txt") << "test-llama-tiny 1 --stage 0 --precision fp32 --seq 32 --micro-batch 2\n"
+                                  << "test-llama-tiny 1 --stage 1 --precision fp32 --seq 32 --micro-batch 2 "
+                                     "--inject-fault-rank 0 --inject-fault-step 3\n";
+  const std::string log = (dir / "log.txt").string();
+  const auto measure = [&] {
+    return spawn_and_wait({calibrate, "measure", "--list", (dir / "list.txt").string(), "--out", (dir / "out").string(),
+                           "--steps", "4", "--no-micro", "--train", g_train, "--device", g_device},
+                          log, log)
+        .exit_status;
+  };
+  CHECK(measure() != 0);
+  const auto runs = calibrate::load_runs({dir / "out" / "runs.jsonl"}, test::data_dir());
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].config.zero_stage == 0);
+  const auto failed = calibrate::load_runs({dir / "out" / "failed.jsonl"}, test::data_dir());
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].config.zero_stage == 1);
+  CHECK(failed[0].steps == 1);  // step 1 is warm-up, step 2 measured
+  // Rerun: the good configuration is skipped, the failed one runs (and fails) again.
+  CHECK(measure() != 0);
+  CHECK(calibrate::load_runs({dir / "out" / "runs.jsonl"}, test::data_dir()).size() == 1);
+  CHECK(calibrate::load_runs({dir / "out" / "failed.jsonl"}, test::data_dir())[0].steps == 2);
+  CHECK(read_text_file(log).find("1 skipped") != std::string::npos);
 }
 
 int main(int argc, char** argv) { return stepcast::test::run_tests(argc, argv); }
