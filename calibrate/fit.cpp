@@ -319,8 +319,11 @@ Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::
 }
 
 std::vector<Coef> engine_free_coefs() {
+  // The host floors: a peer runs a transformers model from Python, whose passes take longer to
+  // issue than our backend's (pythia-2.8b at micro-batch 1 under DeepSpeed ZeRO-0: 0.283 s a step
+  // of two micro-batches, against 0.20 s from our backend's floors).
   return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kGradHookOverheadS,
-          kPcieEffFrac,
+          kHostLayerFwdS,        kHostLayerBwdS,           kPcieEffFrac,
           kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kHostCopyBytesPerSPerThread, kCpuCoreBytesPerSPerLane,
           kCpuOptStepOverheadS,  kGpuFragFrac,             kActBytesMult,      kLossExtraBytesPerLogit,
           kGpuWorkspaceBytes};

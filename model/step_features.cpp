@@ -228,6 +228,25 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     f.attn_bwd_flops_mult = 2.0;
     f.attn_uses_gemm_eff = 1;
   }
+  // transformers' eager attention, the peers' math path, is a chain of kernels over the full
+  // b x heads x s x s score matrix, each reading and writing it in HBM. Counted per score from
+  // transformers 5.17's code, 16-bit activations (llama's eager_attention_forward): QK^T writes 2 B;
+  // the scaling multiply and the causal-mask add read and write 2 + 2 each; softmax in fp32 reads 2,
+  // writes 4; the cast back reads 4, writes 2; PV reads 2: 24 B forward. Backward: dP written 2 and
+  // P read 2 (for dV); the cast's backward reads 2, writes 4; softmax's reads 4 + 4, writes 2; the
+  // scaling's reads 2, writes 2; QK^T's two products read 2 + 2: 28 B. GPT-J upcasts query and key
+  // to fp32 (modeling_gptj.py, _attn), so its scores are fp32 up to the cast: 36 B forward (4 +
+  // 8 + 8 + 8 + 6 + 2), 42 B backward; an fp32 run's are fp32 throughout (no cast: 32 B forward),
+  // counted as GPT-J's. Measured with DeepSpeed ZeRO-3 on one H200, llama-2-7b with
+  // checkpointing: the eager path costs 0.24 s over SDPA at micro-batch 2, sequence 2048, where
+  // 78 B per score (forward, recompute, backward) at HBM bandwidth is 0.29 s
+  // (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_attention.jsonl).
+  if (c.attention == AttentionKind::kMath && c.engine != Engine::kStepcast) {
+    const bool fp32_scores = spec.model_type == "gptj" || wb >= 4.0;
+    const double scores = b * static_cast<double>(spec.num_heads) * s * s * L;
+    f.attn_score_bytes_fwd = scores * (fp32_scores ? 36.0 : 24.0);
+    f.attn_score_bytes_bwd = scores * (fp32_scores ? 42.0 : 28.0);
+  }
   f.seq_len = s;
   f.weight_grad_frac = peft ? 0.0 : 1.0;
   // LoRA's work per adapted projection (out x in, S segments) and micro-batch, as transformer.cpp

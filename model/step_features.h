@@ -28,6 +28,8 @@ struct StepFeatures {
   double attn_fwd_flops = 0;       // score and value products as executed (causal half for flash)
   double attn_bwd_flops_mult = 0;  // backward/forward FLOPs of attention (2.5 flash, 2 math)
   double attn_uses_gemm_eff = 0;   // 1 for math attention (runs as batched GEMMs)
+  double attn_score_bytes_fwd = 0;  // HBM traffic of the materialised scores in one forward (peers' eager path)
+  double attn_score_bytes_bwd = 0;  // and in one backward
   double weight_grad_frac = 1;     // share of the forward GEMMs whose weight gradients the backward computes (PEFT: 0)
   // PEFT (LoRA adapters): the low-rank products of one micro-batch, forward (the backward runs
   // twice their FLOPs: data and weight gradients), and the memory traffic of the adapter's

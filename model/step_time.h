@@ -211,13 +211,14 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T grad_accum_s = f.grad_accum_bytes_micro / stream_bw;
 
   // A pass takes at least the host time to issue its kernels (launch-bound at small micro-batches).
-  const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s;
+  const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s +
+                      f.attn_score_bytes_fwd / f.hbm_bytes_per_s;
   const T bwd_gpu_s =
       coef[kBackwardSlowdownMult] * ((1.0 + f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
       adapter_bwd_s +
       attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
                            f.peak_flops_per_s, coef) +
-      overhead_s + local_gather_s + grad_accum_s;
+      overhead_s + local_gather_s + grad_accum_s + f.attn_score_bytes_bwd / f.hbm_bytes_per_s;
   const T fwd_s = detail::max2(fwd_gpu_s, T(coef[kHostLayerFwdS] * f.num_layers));
   const T bwd_s = detail::max2(bwd_gpu_s, T(coef[kHostLayerBwdS] * f.num_layers));
   const T recompute_s = f.recompute * fwd_s;
@@ -243,9 +244,35 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T grad_window = coef[kGradCommOverlapFrac] * bwd_s;
   const T copy_window = coef[kOffloadOverlapFrac] * bwd_s;
   const T gather_window = coef[kGatherOverlapFrac] * compute_s;
-  // A peer engine's hooked fetches: host work on the launching thread, not hidden.
+  // A peer engine's hooks (DeepSpeed ZeRO-3's parameter fetches before each module, its gradient
+  // reduction after each tensor) are host work on the thread that issues the kernels. The GPU
+  // runs the kernels already queued meanwhile, so a pass takes the longer of its GPU time and its
+  // host time (launches + hooks), with a smooth corner. Measured on one H200 (pythia-2.8b, stage
+  // 3, GAS 2, data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_zero3_curve.jsonl): 0.84 s a
+  // step from micro-batch 1 to 3, then 0.96, 1.06 and 1.33 s at 5, 6 and 8, 0.1 s above stage 2
+  // once the GPU's work outweighs the hooks'. The excess over the pass's own time is exposed.
   const T fetch_overhead_s = coef[kParamFetchOverheadS] * f.param_fetches_micro;
-  const T gather_exposed = max0(gather_s + param_up_s - gather_window) + fetch_overhead_s;
+  const T hooks_s = coef[kGradHookOverheadS] * f.grad_hooks_micro;
+  const T fetch_fwd_host_s = fetch_overhead_s * f.fetch_fwd_frac;
+  const T fetch_bwd_host_s = fetch_overhead_s - fetch_fwd_host_s;  // the backward's and the recompute's rounds
+  T fwd_hook_exposed(0.0), bwd_fetch_exposed(0.0), hooks_exposed(0.0);
+  if (f.param_fetches_micro > 0.0 || f.grad_hooks_micro > 0.0) {
+    // What the hooks add to the pass beyond its launches: 0 without hooks, continuous in them.
+    const T launch_fwd_s = coef[kHostLayerFwdS] * f.num_layers;
+    fwd_hook_exposed =
+        smooth_max(fwd_gpu_s, launch_fwd_s + fetch_fwd_host_s) - smooth_max(fwd_gpu_s, launch_fwd_s);
+    const T bwd_gpu_total_s = bwd_gpu_s + f.recompute * fwd_gpu_s;
+    const T launch_bwd_s = coef[kHostLayerBwdS] * f.num_layers + f.recompute * launch_fwd_s;
+    const T hook_host_s = fetch_bwd_host_s + hooks_s;
+    const T bwd_exposed =
+        smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s) - smooth_max(bwd_gpu_total_s, launch_bwd_s);
+    if (hook_host_s > 0.0) {
+      bwd_fetch_exposed = bwd_exposed * fetch_bwd_host_s / hook_host_s;
+      hooks_exposed = bwd_exposed * hooks_s / hook_host_s;
+    }
+  }
+  const T gather_gpu_exposed = max0(gather_s + param_up_s - gather_window);
+  const T gather_exposed = gather_gpu_exposed + fwd_hook_exposed + bwd_fetch_exposed;
   T rs_exposed_micro = max0(rs_micro_s - grad_window);
   T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);
   T d2h_exposed_boundary = max0(d2h_boundary_s - copy_window);
@@ -265,11 +292,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     share(rs_micro_s, grad_host_micro_s, rs_exposed_micro, grad_host_exposed_micro);
     share(rs_micro_s + rs_boundary_s, d2h_boundary_s, rs_exposed_boundary, d2h_exposed_boundary);
   }
-  // A peer engine's hooked gradient reductions: host work in the backward, not hidden.
-  const T hooks_s = coef[kGradHookOverheadS] * f.grad_hooks_micro;
-  const T micro_s = compute_s + gather_exposed + hooks_s + rs_exposed_micro + grad_host_exposed_micro;
+  const T micro_s = compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro;
   const T boundary_micro_s =
-      compute_s + gather_exposed + hooks_s + rs_exposed_boundary + d2h_exposed_boundary + staged_s;
+      compute_s + gather_exposed + hooks_exposed + rs_exposed_boundary + d2h_exposed_boundary + staged_s;
 
   // --- optimizer step --------------------------------------------------------
   // All ranks of a host run their CPU optimizer at once and share its cores and DRAM.
@@ -311,10 +336,10 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.forward_s = g * fwd_s;
   out.backward_s = g * bwd_s;
   out.recompute_s = g * recompute_s;
-  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + g * hooks_s + (pipelined ? T(0.0) : post_gather_s);
+  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + g * hooks_exposed + (pipelined ? T(0.0) : post_gather_s);
   out.grad_comm_total_s = g * (rs_micro_s + hooks_s) + rs_boundary_s + post_gather_s;
   out.param_gather_s = g * gather_exposed;
-  out.forward_gather_s = g * gather_exposed * f.fetch_fwd_frac;
+  out.forward_gather_s = g * (gather_gpu_exposed * f.fetch_fwd_frac + fwd_hook_exposed);
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
   out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + staged_s +

@@ -129,6 +129,7 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          (c.offload_overlap_forward ? " overlap-fwd" : "") + (c.split_master ? "" : " split=off") +
          (c.cpu_simd == CpuSimd::kAuto ? "" : std::string(" simd=") + cpu_simd_name(c.cpu_simd)) +
          (c.cpu_bind ? "" : " bind=off") +
+         (c.attention == AttentionKind::kFlash ? "" : std::string(" attn=") + attention_name(c.attention)) +
          (c.engine == Engine::kStepcast ? "" : std::string(" engine=") + engine_name(c.engine)) +
          (c.peft_enabled() ? std::string(" peft=") + peft_name(c.peft) + " r" + std::to_string(c.lora_rank) + " " +
                                  lora_targets_name(c.lora_targets) + (c.lora_dropout > 0 ? " dropout" : "")

@@ -85,9 +85,7 @@ int run_compare(CompareOptions& co) {
       if (offer.vcpus_per_gpu <= 0 || offer.memory_bytes_per_gpu <= 0)
         flags.push_back("pod size not published: host from the profile");
       SearchRequest req;
-      req.base = base_config(lo);
-      req.base.engine = eng;
-      req.base.attention = attention_for(lo, model, eng);
+      req.base = base_config(lo, model, eng);
       req.model = model;
       req.hardware = for_engine(hw, co.engine);
       req.limits = limits_of(lo);

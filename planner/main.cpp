@@ -99,10 +99,10 @@ std::vector<OptimizerKind> parse_optimizer_list(const std::string& list) {
 }
 
 // The search both recommend and validate run, from the common flags.
-SearchRequest make_request(const CommonOptions& o, int64_t global_batch, const std::string& optimizers) {
+SearchRequest make_request(const CommonOptions& o, Engine engine, int64_t global_batch, const std::string& optimizers) {
   SearchRequest req;
-  req.base = base_config(o);
   req.model = resolve_model(o.model, data_dir(o));
+  req.base = base_config(o, req.model, engine);
   req.hardware = resolve_hardware(o.hardware, data_dir(o));
   req.limits = limits_of(o);
   if (global_batch < 0 || global_batch > (int64_t{1} << 30))
@@ -170,9 +170,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   if (top_k < 1) throw InputError("--top " + std::to_string(top_k) + " must be at least 1");
   const Engine eng = parse_engine(engine, "--engine");
   const bool overlap_forward = ranking_overlaps_forward(pipeline, "recommend");
-  SearchRequest req = make_request(o, global_batch, optimizers);
-  req.base.engine = eng;
-  req.base.attention = attention_for(o, req.model, eng);
+  SearchRequest req = make_request(o, eng, global_batch, optimizers);
   const TrainConfig& base = req.base;
   req.allow_offload = !no_offload;
   req.overlap_forward = overlap_forward;
@@ -180,8 +178,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   std::optional<Prediction> ours;
   if (eng != Engine::kStepcast) {
     SearchRequest sreq = req;
-    sreq.base.engine = Engine::kStepcast;
-    sreq.base.attention = attention_for(o, req.model, Engine::kStepcast);
+    sreq.base = base_config(o, req.model, Engine::kStepcast);
     const SearchResult sres = search_plans(sreq);
     if (!sres.ranked.empty()) ours = sres.ranked.front();
   }
@@ -341,7 +338,8 @@ struct ExplainOptions {
 int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   if (o.peft == "auto")
     throw InputError("--peft auto compares methods, which recommend does: explain takes none, lora or qlora");
-  TrainConfig c = base_config(o);
+  const ModelSpec model = resolve_model(o.model, data_dir(o));
+  TrainConfig c = base_config(o, model, parse_engine(e.engine, "--engine"));
   c.zero_stage = e.stage;
   c.offload_optimizer = parse_offload(e.offload_optimizer, "--offload-optimizer");
   c.offload_params = parse_offload(e.offload_params, "--offload-params");
@@ -355,15 +353,12 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   } else {
     throw InputError("--checkpointing \"" + e.checkpointing + "\" is not valid (valid: on, off)");
   }
-  c.engine = parse_engine(e.engine, "--engine");
   // DeepSpeed and FSDP2 step their CPU optimizer after the backward: their order unless asked otherwise
   // (validate_config names a contradiction).
   const bool serial_engine = c.engine != Engine::kStepcast;
   parse_offload_pipeline(serial_engine && !e.offload_pipeline_given ? "off" : e.offload_pipeline, "--offload-pipeline", c);
   if (c.offload_optimizer != OffloadDevice::kCpu) c.offload_overlap_forward = false;  // the flag's default is for offload
   validate_config(c);
-  ModelSpec model = resolve_model(o.model, data_dir(o));
-  c.attention = attention_for(o, model, c.engine);
   HardwareProfile hw = resolve_hardware(o.hardware, data_dir(o));
   Prediction p = evaluate(model, hw, c, limits_of(o));
   ReportContext ctx{&model, &hw, o.train_tokens};
@@ -391,7 +386,7 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
   if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
   if (v.sample < 0 || v.sample > 1000) throw InputError("--sample " + std::to_string(v.sample) + " is out of range [0, 1000]");
   if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
-  SearchRequest req = make_request(o, global_batch, optimizers);
+  SearchRequest req = make_request(o, Engine::kStepcast, global_batch, optimizers);
   req.overlap_forward = ranking_overlaps_forward(v.pipeline, "validate");
   const SearchResult res = search_plans(req);
   if (res.ranked.empty()) throw InputError("nothing fits: no plan to validate");

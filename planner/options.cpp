@@ -63,7 +63,40 @@ void check_range(const char* flag, double v, double lo, double hi, bool allow_ze
   }
 }
 
-TrainConfig base_config(const CommonOptions& o) {
+namespace {
+
+// Architectures whose transformers implementation has no scaled_dot_product_attention path: the
+// peers' harnesses build them with attn_implementation="eager". Measured with transformers 5.17
+// on the H200 host: GPTJForCausalLM raises "does not support an attention implementation through
+// torch.nn.functional.scaled_dot_product_attention yet"
+// (data/runs/h200-sxm/logs/2026-12-01_peers_deepspeed_1gpu_holdout_peer.log).
+bool transformers_has_sdpa(const ModelSpec& m) { return m.model_type != "gptj"; }
+
+AttentionKind attention_for(const CommonOptions& o, const ModelSpec& model, Engine engine) {
+  const bool eager_only = engine != Engine::kStepcast && !transformers_has_sdpa(model);
+  if (o.attention == "auto") return eager_only ? AttentionKind::kMath : AttentionKind::kFlash;
+  const AttentionKind a = parse_attention(o.attention, "--attention");
+  if (a == AttentionKind::kFlash && eager_only)
+    throw InputError("--attention flash: transformers has no SDPA attention for " + model.name + " (model_type " +
+                     model.model_type + "); " + engine_name(engine) + " runs it with math attention (--attention math or auto)");
+  return a;
+}
+
+// transformers' GPT-J builds a sinusoidal position table of max_position_embeddings (n_positions)
+// rows and indexes it by position (modeling_gptj.py, create_sinusoidal_positions): a longer
+// sequence is a CUDA device-side assert in the peers' first forward (measured with DeepSpeed on the
+// H200 at sequence 4096, data/runs/h200-sxm/logs/2026-12-02_peers_deepspeed_1gpu_attention.log).
+void check_position_table(const ModelSpec& model, Engine engine, int64_t seq) {
+  if (engine == Engine::kStepcast || model.model_type != "gptj" || model.max_position_embeddings <= 0) return;
+  if (seq > model.max_position_embeddings)
+    throw InputError("--seq " + std::to_string(seq) + " exceeds " + model.name + "'s max_position_embeddings " +
+                     std::to_string(model.max_position_embeddings) + ": transformers' GPT-J, which " +
+                     engine_name(engine) + " runs, has a position table of that many rows");
+}
+
+}  // namespace
+
+TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine engine) {
   if (o.gpus < 1) throw InputError("--gpus " + std::to_string(o.gpus) + " must be at least 1");
   if (o.nodes < 1) throw InputError("--nodes " + std::to_string(o.nodes) + " must be at least 1");
   if (o.seq < 1) throw InputError("--seq " + std::to_string(o.seq) + " must be at least 1");
@@ -80,7 +113,8 @@ TrainConfig base_config(const CommonOptions& o) {
   c.nodes = o.nodes;
   c.seq_len = o.seq;
   c.precision = parse_precision(o.precision, "--precision");
-  c.attention = o.attention == "auto" ? AttentionKind::kFlash : parse_attention(o.attention, "--attention");
+  c.attention = attention_for(o, model, engine);
+  check_position_table(model, engine, o.seq);
   // --peft auto is recommend's (make_request): the base configuration is full fine-tuning.
   c.peft = o.peft == "auto" ? PeftKind::kNone : parse_peft(o.peft, "--peft");
   c.lora_rank = o.lora_rank;
@@ -94,28 +128,9 @@ TrainConfig base_config(const CommonOptions& o) {
   } else {
     validate_config(c);
   }
+  // The engine's own rules (PEFT, offload order) are checked where its plan is complete.
+  c.engine = engine;
   return c;
-}
-
-namespace {
-
-// Architectures whose transformers implementation has no scaled_dot_product_attention path: the
-// peers' harnesses build them with attn_implementation="eager". Measured with transformers 5.17
-// on the H200 host: GPTJForCausalLM raises "does not support an attention implementation through
-// torch.nn.functional.scaled_dot_product_attention yet"
-// (data/runs/h200-sxm/logs/2026-12-01_peers_deepspeed_1gpu_holdout_peer.log).
-bool transformers_has_sdpa(const ModelSpec& m) { return m.model_type != "gptj"; }
-
-}  // namespace
-
-AttentionKind attention_for(const CommonOptions& o, const ModelSpec& model, Engine engine) {
-  const bool eager_only = engine != Engine::kStepcast && !transformers_has_sdpa(model);
-  if (o.attention == "auto") return eager_only ? AttentionKind::kMath : AttentionKind::kFlash;
-  const AttentionKind a = parse_attention(o.attention, "--attention");
-  if (a == AttentionKind::kFlash && eager_only)
-    throw InputError("--attention flash: transformers has no SDPA attention for " + model.name + " (model_type " +
-                     model.model_type + "); " + engine_name(engine) + " runs it with math attention (--attention math or auto)");
-  return a;
 }
 
 ResourceLimits limits_of(const CommonOptions& o) {

@@ -43,14 +43,13 @@ std::filesystem::path data_dir(const CommonOptions& o);
 // A flag's number: 0 when omitted (where `allow_zero`), else within [lo, hi]; InputError otherwise.
 void check_range(const char* flag, double v, double lo, double hi, bool allow_zero);
 
-// The base configuration of a search or an explanation: GPUs, nodes, sequence, precision,
-// attention, PEFT settings (--peft auto leaves full fine-tuning: recommend searches the methods).
-TrainConfig base_config(const CommonOptions& o);
-
-// The attention a run of `engine` gets: --attention as given, and "auto" the fused SDPA kernels,
-// except where a peer engine runs a transformers architecture that has no SDPA implementation
-// (math). --attention flash for such a peer run is an InputError.
-AttentionKind attention_for(const CommonOptions& o, const ModelSpec& model, Engine engine);
+// The base configuration of a search or an explanation of `model` run by `engine`: GPUs, nodes,
+// sequence, precision, PEFT settings (--peft auto leaves full fine-tuning: recommend searches the
+// methods), and the attention the engine runs: --attention as given, and "auto" the fused SDPA
+// kernels, except where a peer engine runs a transformers architecture that has no SDPA
+// implementation (math). InputError for what that engine cannot run: --attention flash there, or
+// a sequence beyond a fixed position table.
+TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine engine);
 ResourceLimits limits_of(const CommonOptions& o);
 
 }  // namespace stepcast
