@@ -109,6 +109,8 @@ done
 # transformers' GPT-J has no SDPA path: a peer engine cannot run it with flash attention.
 t 2 "--attention" "$PLANNER" explain --model 6b --engine deepspeed --attention flash
 t 2 "--attention" "$PLANNER" recommend --model 6b --gpus 2 --engine fsdp2 --attention flash
+t 2 "max_position_embeddings" "$PLANNER" explain --model 6b --engine deepspeed --seq 4096
+t 2 "max_position_embeddings" "$PLANNER" recommend --model 6b --gpus 2 --engine fsdp2 --seq 4096
 for flag in --offload-optimizer --offload-params --optimizer --offload-pipeline --checkpointing; do
   t 2 "$flag" "$PLANNER" explain --model 7b "$flag" maybe
 done
