@@ -139,11 +139,18 @@ T pcie_copy_time_s(double bytes, double link_bytes_per_s, const T* coef) {
 // keeps both coefficients identifiable from either regime. Its arithmetic runs
 // on cores x lanes; memory and arithmetic meet in a smooth roofline, so the lane
 // rate stays identifiable from memory-bound runs near the corner (8-bit AdamW).
+// A host stream over `units` (cores, or cores x SIMD lanes) of `bytes_per_s_per_unit` each,
+// sharing the node's DRAM at its efficiency: the harmonic rate below, one formula for the CPU
+// optimizer and the host copies after it.
+template <class T>
+T host_stream_bytes_per_s(double dram_bytes_per_s, double units, const T& bytes_per_s_per_unit, const T* coef) {
+  return 1.0 / (1.0 / (T(dram_bytes_per_s) * coef[kCpuDramEffFrac]) + 1.0 / (units * bytes_per_s_per_unit));
+}
+
 template <class T>
 T cpu_optimizer_time_s(double params, double bytes_per_param, double flops_per_param, double cores, double lanes,
                        double dram_bytes_per_s, const T* coef) {
-  const T stream_bps =
-      1.0 / (1.0 / (T(dram_bytes_per_s) * coef[kCpuDramEffFrac]) + 1.0 / (cores * lanes * coef[kCpuCoreBytesPerSPerLane]));
+  const T stream_bps = host_stream_bytes_per_s(dram_bytes_per_s, cores * lanes, coef[kCpuCoreBytesPerSPerLane], coef);
   const T memory_s = params * bytes_per_param / stream_bps;
   const T arith_s = params * flops_per_param / (cores * lanes * coef[kCpuLaneFlopsPerS]);
   return smooth_max(memory_s, arith_s) + coef[kCpuOptStepOverheadS];
@@ -157,7 +164,7 @@ T host_copy_time_s(double convert_bytes, double pageable_bytes, double ranks, do
                    const T* coef) {
   if (convert_bytes <= 0.0 && pageable_bytes <= 0.0) return T(0.0);
   const T& per_thread = coef[kHostCopyBytesPerSPerThread];
-  const T stream_bps = 1.0 / (1.0 / (T(dram_bytes_per_s) * coef[kCpuDramEffFrac]) + 1.0 / (cores * per_thread));
+  const T stream_bps = host_stream_bytes_per_s(dram_bytes_per_s, cores, per_thread, coef);
   return convert_bytes * ranks / stream_bps + pageable_bytes / per_thread;
 }
 

@@ -120,17 +120,13 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
   const std::string config_map = req.job_name + "-plan";
   const std::string data_claim = req.data_claim.empty() ? req.job_name + "-data" : req.data_claim;
   if (req.steps < 1) throw InputError("the manifest's plan has no steps (--train-tokens)");
-  std::vector<std::string> args = {"--nproc-per-node=" + std::to_string(c.gpus_per_node),
-                                   "--nnodes=" + std::to_string(c.nodes),
-                                   "--node-rank=$(RANK)",
-                                   "--master-addr=$(MASTER_ADDR)",
-                                   "--master-port=$(MASTER_PORT)"};
-  std::string command = "torchrun";
   const bool deepspeed = c.engine == Engine::kDeepSpeed, fsdp2 = c.engine == Engine::kFsdp2;
+  // The launcher: torchrun with the pod's rank and rendezvous, or for FSDP2 accelerate launch.
+  const std::string command = fsdp2 ? "accelerate" : "torchrun";
+  std::vector<std::string> args;
   if (fsdp2) {
     // The user's training script under Accelerate with the FSDP2 YAML we write; the pod's rank and
     // rendezvous override the YAML's single-machine keys (accelerate launch's flags).
-    command = "accelerate";
     args = {"launch",
             "--config_file",
             "/etc/stepcast/fsdp_config.yaml",
@@ -140,10 +136,15 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
             "--main_process_ip=$(MASTER_ADDR)",
             "--main_process_port=$(MASTER_PORT)",
             "train.py"};
-  } else if (deepspeed) {
+  } else {
+    args = {"--nproc-per-node=" + std::to_string(c.gpus_per_node), "--nnodes=" + std::to_string(c.nodes),
+            "--node-rank=$(RANK)", "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"};
+  }
+  if (deepspeed) {
     // The user's Hugging Face Trainer script in the image, with the DeepSpeed JSON we write.
     for (const char* a : {"train.py", "--deepspeed", "/etc/stepcast/ds_config.json"}) args.push_back(a);
-  } else {
+  } else if (!fsdp2) {
+    // Our backend's train with the plan.
     for (const char* a : {"--no-python", "train", "--plan", "/etc/stepcast/plan.json", "--device", "cuda"}) args.push_back(a);
     for (const std::string& a : {std::string("--model"), model.name, std::string("--hardware"), req.hardware,
                                  std::string("--steps"), std::to_string(req.steps), std::string("--data"),
