@@ -488,6 +488,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // DeepSpeed ZeRO-3 with optimizer offload keeps its gradient partitions in a host buffer
   // (runtime/zero/stage3.py, grad_partitions_flat_buffer on the offload device) and sums them there.
   if (offload_opt && stage == 3 && c.engine == Engine::kDeepSpeed) mem.gpu_grads_bytes = 0.0;
+  // DeepSpeed keeps 16-bit runs' gradients in fp32 for the update, on the GPU without offload. At
+  // stages 0 and 1 its BF16_Optimizer (runtime/engine.py picks it for bf16 with fp32 gradient
+  // accumulation, the default) holds a flat fp32 gradient buffer the size of the whole model
+  // (bf16_optimizer.py: zeros_like(bf16_groups_flat), not partitioned); at stage 2 the step casts
+  // the rank's gradient partition to fp32 (stage_1_and_2.py: single_grad_partition). Measured on one
+  // H200, pythia-2.8b at micro-batch 1: 65.0 / 70.7 / 70.4 GiB reserved at stages 0 / 1 / 2, where
+  // the model without it gave 50.6 (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_attention.jsonl).
+  if (c.engine == Engine::kDeepSpeed && !offload_opt && stage <= 2 && wb < 4.0)
+    mem.gpu_grads_bytes += 4.0 * (stage == 2 ? trainable / n : trainable);
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight

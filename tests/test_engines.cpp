@@ -522,3 +522,34 @@ TEST_CASE("the peers' eager attention reads and writes its score matrix: bytes p
   const double without_s = predict_step_time(none, k.data()).forward_s + predict_step_time(none, k.data()).backward_s;
   CHECK(with_s - without_s >= (24.0 + 28.0) * 8589934592.0 / hw.gpu.memory_bytes_per_s * (1.0 - 1e-9));
 }
+
+TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages 0-1, the partition at stage 2") {
+  // BF16_Optimizer (stages 0 and 1) holds an fp32 flat gradient buffer of every parameter; stage
+  // 2's step casts the rank's partition to fp32. Per parameter P: stage 1 on one GPU, 2 B of bf16
+  // gradient + 4 B fp32 = 6P; stage 2 on two GPUs, P/2 x (2 + 4) = 3P; stage 0 on two GPUs: 6P.
+  const ModelSpec m = model("pythia-2.8b");
+  const double P = static_cast<double>(m.total_params());
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c;
+  c.engine = Engine::kDeepSpeed;
+  c.gpus_per_node = 1;
+  c.zero_stage = 1;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 6.0 * P, 1e-12));
+  c.gpus_per_node = 2;
+  c.zero_stage = 2;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 3.0 * P, 1e-12));
+  c.zero_stage = 0;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 6.0 * P, 1e-12));
+  // Not with the optimizer offloaded (its fp32 gradients live on the host), not in fp32 (the
+  // gradients are fp32 already), not at stage 3, not for our backend.
+  c.zero_stage = 1;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  c.offload_pipeline = false;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
+  c.offload_optimizer = OffloadDevice::kNone;
+  c.precision = Precision::kFp32;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 4.0 * P, 1e-12));
+  c.precision = Precision::kBf16;
+  c.engine = Engine::kStepcast;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
+}
