@@ -132,13 +132,6 @@ T pcie_copy_time_s(double bytes, double link_bytes_per_s, const T* coef) {
   return bytes / (link_bytes_per_s * coef[kPcieEffFrac]);
 }
 
-// The CPU optimizer over `params` parameters on `cores` cores of `lanes` fp32
-// SIMD lanes sharing `dram_bytes_per_s`. It streams at the harmonic rate
-// 1 / (1 / (cores x lanes x per-lane rate) + 1 / DRAM): it reproduces torch's
-// fused CPU AdamW at 4 and 16 threads (coefficients.cpp), and, unlike a min(),
-// keeps both coefficients identifiable from either regime. Its arithmetic runs
-// on cores x lanes; memory and arithmetic meet in a smooth roofline, so the lane
-// rate stays identifiable from memory-bound runs near the corner (8-bit AdamW).
 // A host stream over `units` (cores, or cores x SIMD lanes) of `bytes_per_s_per_unit` each,
 // sharing the node's DRAM at its efficiency: the harmonic rate below, one formula for the CPU
 // optimizer and the host copies after it.
@@ -147,6 +140,13 @@ T host_stream_bytes_per_s(double dram_bytes_per_s, double units, const T& bytes_
   return 1.0 / (1.0 / (T(dram_bytes_per_s) * coef[kCpuDramEffFrac]) + 1.0 / (units * bytes_per_s_per_unit));
 }
 
+// The CPU optimizer over `params` parameters on `cores` cores of `lanes` fp32
+// SIMD lanes sharing `dram_bytes_per_s`. It streams at the harmonic rate
+// 1 / (1 / (cores x lanes x per-lane rate) + 1 / DRAM): it reproduces torch's
+// fused CPU AdamW at 4 and 16 threads (coefficients.cpp), and, unlike a min(),
+// keeps both coefficients identifiable from either regime. Its arithmetic runs
+// on cores x lanes; memory and arithmetic meet in a smooth roofline, so the lane
+// rate stays identifiable from memory-bound runs near the corner (8-bit AdamW).
 template <class T>
 T cpu_optimizer_time_s(double params, double bytes_per_param, double flops_per_param, double cores, double lanes,
                        double dram_bytes_per_s, const T* coef) {
