@@ -7,6 +7,7 @@
 //                     micro-benchmarks, then the designed step runs)
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,10 +111,13 @@ int main_impl(int argc, char** argv) {
 #else
   if (app.got_subcommand("fit")) throw InputError("this build has no Ceres: fit on a machine with libceres-dev");
 #endif
+  // Without --holdout-frac the report labels the runs by the split the profile's fit recorded.
+  std::optional<HoldoutSplit> split;
+  if (app.get_subcommand("report")->get_option("--holdout-frac")->count() > 0) split = HoldoutSplit{holdout, seed};
 #ifdef STEPCAST_HAVE_CERES
-  return run_report(runs, hardware, holdout, seed, dir, json, svg, fit_analyses, fit_engine);
+  return run_report(runs, hardware, split, dir, json, svg, fit_analyses, fit_engine);
 #else
-  return run_report(runs, hardware, holdout, seed, dir, json, svg, nullptr, fit_engine);
+  return run_report(runs, hardware, split, dir, json, svg, nullptr, fit_engine);
 #endif
 }
 

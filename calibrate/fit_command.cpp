@@ -65,6 +65,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
 
   CalibratedCoefficients cc;
+  cc.holdout = HoldoutSplit{holdout_frac, seed};
   // The planner flags plans whose micro-batch x sequence lies beyond the fitted runs.
   for (const auto& r : runs)
     if (!is_holdout(r.key, holdout_frac, seed))

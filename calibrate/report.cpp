@@ -116,14 +116,19 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
 }
 
 
-int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
-               uint64_t seed, const std::string& dir, bool json, const std::string& svg,
+int run_report(const std::vector<std::string>& run_files, const std::string& hw_name,
+               std::optional<HoldoutSplit> split, const std::string& dir, bool json, const std::string& svg,
                const CrossValidator& cross_validator, const std::string& engine) {
-  if (!(holdout_frac >= 0 && holdout_frac < 1))
-    throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
+  if (split && !(split->frac >= 0 && split->frac < 1))
+    throw InputError("--holdout-frac " + std::to_string(split->frac) + " must lie in [0, 1)");
   if (!svg.empty()) check_output_path(svg);
   parse_engine(engine, "--engine");
   HardwareProfile hw = for_engine(resolve_hardware(hw_name, resolve_data_dir(dir)), engine);
+  // The "fit"/"held" labels: the split given, else the one the profile's fit recorded, else the
+  // fit's default (0.25, seed 1) for a profile written before the split was recorded.
+  if (!split) split = hw.calibration_holdout.frac >= 0 ? hw.calibration_holdout : HoldoutSplit{0.25, 1};
+  const double holdout_frac = split->frac;
+  const uint64_t seed = split->seed;
   // Without --runs: the runs the profile says it was fitted from.
   std::vector<std::string> named = run_files;
   if (named.empty()) {
@@ -145,6 +150,8 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   nlohmann::json j = {{"hardware", hw.name},
                       {"engine", engine},
                       {"calibrated", hw.coefs_calibrated},
+                      {"holdout_frac", holdout_frac},
+                      {"holdout_seed", seed},
                       {"fit", summarize(rows, false)},
                       {"holdout", summarize(rows, true)},
                       {"runs", nlohmann::json::array()},
@@ -172,8 +179,9 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s (%s): predicted vs measured, %zu runs\n", hw.name.c_str(),
-              hw.coefs_calibrated ? "calibrated" : "not calibrated", rows.size());
+  std::printf("%s (%s): predicted vs measured, %zu runs; set: the fit's hash split, %g held out (seed %llu)\n",
+              hw.name.c_str(), hw.coefs_calibrated ? "calibrated" : "not calibrated", rows.size(), holdout_frac,
+              static_cast<unsigned long long>(seed));
   std::printf("%-62s %4s %8s %8s %6s %8s %8s %8s %6s\n", "run", "set", "meas", "pred", "±95%", "err", "mem", "pred", "err");
   std::printf("%-62s %4s %8s %8s %6s %8s %8s %8s %6s\n", "", "", "s", "s", "s", "%", "GiB", "GiB", "%");
   for (const auto& r : rows)

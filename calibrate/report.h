@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -39,9 +40,10 @@ using CrossValidator = std::function<nlohmann::json(const std::vector<RunRecord>
                                                     const HardwareProfile&)>;
 
 // `calibrate report`: prints the table (or JSON), writes the SVG when `svg` is given, and,
-// given `cross_validator`, the cross-validated accuracy. Returns the exit status.
-int run_report(const std::vector<std::string>& run_files, const std::string& hw_name, double holdout_frac,
-               uint64_t seed, const std::string& dir, bool json, const std::string& svg,
+// given `cross_validator`, the cross-validated accuracy. Runs are labelled fitted or held out by
+// `split`, or without it by the split the profile's fit recorded. Returns the exit status.
+int run_report(const std::vector<std::string>& run_files, const std::string& hw_name,
+               std::optional<HoldoutSplit> split, const std::string& dir, bool json, const std::string& svg,
                const CrossValidator& cross_validator = nullptr, const std::string& engine = "stepcast");
 
 }  // namespace stepcast::calibrate

@@ -217,6 +217,14 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         hw.calibration_runs = c->get_string_array_or(name);
         continue;
       }
+      if (name == "holdout_frac") {
+        hw.calibration_holdout.frac = c->get_double(name, 0.0, 0.999999);
+        continue;
+      }
+      if (name == "holdout_seed") {
+        hw.calibration_holdout.seed = static_cast<uint64_t>(c->get_int(name, 0, int64_t{1} << 62));
+        continue;
+      }
       if (name == "engines_from") {
         hw.engines_from = c->get_string(name);
         continue;
@@ -286,9 +294,13 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       sec.source = e.get_string_or("source", "");
       sec.runs = e.get_string_array_or("runs");
       sec.model_error_frac = e.get_double_or("model_error_frac", 0.0, 0.0, 5.0);
+      if (e.table().contains("holdout_frac")) sec.holdout.frac = e.get_double("holdout_frac", 0.0, 0.999999);
+      sec.holdout.seed = static_cast<uint64_t>(e.get_int_or("holdout_seed", 0, 0, int64_t{1} << 62));
       for (const auto& [key, node] : e.table()) {
         const std::string name(key.str());
-        if (name == "calibrated" || name == "source" || name == "runs" || name == "model_error_frac") continue;
+        if (name == "calibrated" || name == "source" || name == "runs" || name == "model_error_frac" ||
+            name == "holdout_frac" || name == "holdout_seed")
+          continue;
         if (name == "interval") {
           sec.interval = parse_interval(e.subtable("interval"));
           continue;
@@ -317,6 +329,7 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
   out.coef_covariance.clear();
   out.coef_std_errors.clear();
   out.calibration_runs.clear();
+  out.calibration_holdout = HoldoutSplit{};
   const auto it = hw.engines.find(engine);
   if (it == hw.engines.end()) {
     out.coefs_calibrated = false;
@@ -331,6 +344,7 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
   out.coefs_source = sec.source;
   out.model_error_frac = sec.model_error_frac;
   out.calibration_runs = sec.runs;
+  out.calibration_holdout = sec.holdout;
   out.interval = sec.interval;
   return out;
 }
@@ -344,6 +358,7 @@ std::string with_engine_section(const std::string& profile_text, const std::stri
   sec << "model_error_frac = " << c.model_error_frac << "\n";
   sec << "source = \"" << c.source << "\"\n";
   if (!c.runs.empty()) sec << "runs = " << toml_string_array(c.runs) << "\n";
+  if (c.holdout.frac >= 0.0) sec << "holdout_frac = " << c.holdout.frac << "\nholdout_seed = " << c.holdout.seed << "\n";
   for (Coef id : engine_coefs()) sec << coef_table()[id].name << " = " << c.values[id] << "\n";
   sec << interval_text("engines." + engine + ".interval", c.interval) << "\n";
   // Remove the old section: from its header to the next header of another table.
@@ -425,6 +440,7 @@ std::string with_calibrated_coefficients(const std::string& profile_text, const 
   sec << "max_micro_tokens = " << c.max_micro_tokens << "\n";
   sec << "source = \"" << c.source << "\"\n";
   if (!c.runs.empty()) sec << "runs = " << toml_string_array(c.runs) << "\n";
+  if (c.holdout.frac >= 0.0) sec << "holdout_frac = " << c.holdout.frac << "\nholdout_seed = " << c.holdout.seed << "\n";
   for (const auto& info : coef_table()) sec << info.name << " = " << c.values[info.id] << "\n";
   sec << interval_text("coefficients.interval", c.interval);
   sec << "\n[coefficients.std_errors]\n";

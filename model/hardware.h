@@ -4,6 +4,7 @@
 // a fit produced them.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -67,12 +68,19 @@ struct IntervalModel {
   bool empty() const { return log_q95_seen <= 0.0; }
 };
 
+// The hash split a fit held out by (calibrate/run_record.h, is_holdout): frac < 0 when unknown.
+struct HoldoutSplit {
+  double frac = -1.0;
+  uint64_t seed = 0;
+};
+
 // A profile's [engines.NAME] section: the engine coefficients (coefficients.h, engine_coefs)
 // fitted to that engine's runs on this hardware.
 struct EngineSection {
   bool calibrated = false;
   std::string source;
   std::vector<std::string> runs;       // the runs files it was fitted from (as [coefficients] runs)
+  HoldoutSplit holdout;                // the split its fit held out
   std::map<Coef, double> values;       // engine coefficients it sets
   double model_error_frac = 0;         // RMS relative step-time residual of its fit
   IntervalModel interval;              // [engines.NAME.interval]
@@ -111,6 +119,9 @@ struct HardwareProfile {
   // [coefficients] runs: the files the coefficients were fitted from, in the fit's order,
   // relative to the data folder (or absolute); `calibrate report` without --runs reads them.
   std::vector<std::string> calibration_runs;
+  // holdout_frac and holdout_seed beside runs: the configurations the fit held out (is_holdout);
+  // a fraction < 0 when the profile does not say (written before they were recorded).
+  HoldoutSplit calibration_holdout;
   std::vector<std::vector<double>> coef_covariance;  // kNumCoefs x kNumCoefs; empty when not calibrated
   IntervalModel interval;                             // [coefficients.interval]
   std::map<std::string, EngineSection> engines;       // [engines.deepspeed], [engines.fsdp2]
@@ -137,6 +148,7 @@ struct CalibratedCoefficients {
   double max_micro_tokens = 0;
   std::string source;               // provenance: date, commit, data hash, solver summary
   std::vector<std::string> runs;    // the runs files, relative to the data folder where inside it
+  HoldoutSplit holdout;             // the split the fit held out (run_record.h, is_holdout)
   IntervalModel interval;           // empty: not written
 };
 

@@ -382,6 +382,7 @@ TEST_CASE("engine sections: read, written, and rejected on bad input") {
   cc.model_error_frac = 0.07;
   cc.source = "test";
   cc.runs = {"runs/x.jsonl"};
+  cc.holdout = HoldoutSplit{0.2, 7};
   const std::string written = with_engine_section(text, "fsdp2", cc);
   const HardwareProfile back = parse_hardware_profile(written, "w.toml");
   REQUIRE(back.engines.count("fsdp2") == 1);
@@ -390,6 +391,11 @@ TEST_CASE("engine sections: read, written, and rejected on bad input") {
   CHECK(fsdp.coefs[kGemmEffMaxFrac] == hw.coefs[kGemmEffMaxFrac]);  // the hardware's, shared
   CHECK(fsdp.model_error_frac == 0.07);
   CHECK(fsdp.calibration_runs == std::vector<std::string>{"runs/x.jsonl"});
+  // The split the fit held out, which `calibrate report` labels its runs by.
+  CHECK(fsdp.calibration_holdout.frac == 0.2);
+  CHECK(fsdp.calibration_holdout.seed == 7);
+  CHECK(for_engine(back, "deepspeed").calibration_holdout.frac ==
+        for_engine(hardware("h200-sxm"), "deepspeed").calibration_holdout.frac);  // the other section untouched
   CHECK(for_engine(back, "stepcast").coefs == hw.coefs);
   // Writing twice replaces the section; the [coefficients] after it survive.
   const std::string twice = with_engine_section(written, "fsdp2", cc);

@@ -182,10 +182,13 @@ TEST_CASE("a calibrated [coefficients] section reads back as written") {
   c.max_micro_tokens = 8192;
   c.source = "test";
   c.runs = {"runs/h200-sxm/a.jsonl", "/abs/with \"quote\".jsonl"};
+  c.holdout = HoldoutSplit{0.25, 3};
   const std::string written = with_calibrated_coefficients(text.str(), c);
   const HardwareProfile hw = parse_hardware_profile(written, "written.toml");
   CHECK(hw.coefs_calibrated);
   CHECK(hw.calibration_runs == c.runs);
+  CHECK(hw.calibration_holdout.frac == 0.25);
+  CHECK(hw.calibration_holdout.seed == 3);
   CHECK(hw.gpu.name == base.gpu.name);  // everything before [coefficients] is kept
   CHECK(hw.coefs[kGemmEffMaxFrac] == doctest::Approx(0.612345678).epsilon(1e-9));
   CHECK(hw.coefs[kCollLatencyS] == doctest::Approx(3.25e-5).epsilon(1e-9));
