@@ -32,8 +32,8 @@ int main_impl(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<std::string> runs;
   std::string hardware = "h200-sxm", out, dir, svg;
-  double holdout = 0.25;
-  uint64_t seed = 1;
+  double holdout = kDefaultHoldoutSplit.frac;
+  uint64_t seed = kDefaultHoldoutSplit.seed;
   bool json = false;
   std::string fit_engine = "stepcast";
   for (CLI::App* sub : {app.add_subcommand("fit", "fit the coefficients and write a calibrated profile"),

@@ -125,8 +125,8 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   parse_engine(engine, "--engine");
   HardwareProfile hw = for_engine(resolve_hardware(hw_name, resolve_data_dir(dir)), engine);
   // The "fit"/"held" labels: the split given, else the one the profile's fit recorded, else the
-  // fit's default (0.25, seed 1) for a profile written before the split was recorded.
-  if (!split) split = hw.calibration_holdout.frac >= 0 ? hw.calibration_holdout : HoldoutSplit{0.25, 1};
+  // fit's default for a profile written before the split was recorded.
+  if (!split) split = hw.calibration_holdout.frac >= 0 ? hw.calibration_holdout : kDefaultHoldoutSplit;
   const double holdout_frac = split->frac;
   const uint64_t seed = split->seed;
   // Without --runs: the runs the profile says it was fitted from.

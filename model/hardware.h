@@ -73,6 +73,9 @@ struct HoldoutSplit {
   double frac = -1.0;
   uint64_t seed = 0;
 };
+// `calibrate fit`'s default split, and the report's for a profile written before the split was
+// recorded.
+inline constexpr HoldoutSplit kDefaultHoldoutSplit{0.25, 1};
 
 // A profile's [engines.NAME] section: the engine coefficients (coefficients.h, engine_coefs)
 // fitted to that engine's runs on this hardware.

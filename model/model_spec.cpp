@@ -88,6 +88,16 @@ int64_t ModelSpec::param_tensors_outside_layers() const {
          (final_norm ? (norm == NormKind::kLayer ? 2 : 1) : 0) + (tied_embeddings ? 0 : 1 + (lm_head_bias ? 1 : 0));
 }
 
+TransformersImpl transformers_impl(const ModelSpec& m) {
+  TransformersImpl t;
+  if (m.model_type == "gptj") {
+    t.has_sdpa = false;
+    t.fp32_query_key = true;
+    t.position_table_rows = m.max_position_embeddings;
+  }
+  return t;
+}
+
 int64_t ModelSpec::total_params() const {
   return embedding_params() + num_layers * params_per_layer() + final_norm_params() +
          lm_head_params();

@@ -65,6 +65,26 @@ struct ModelSpec {
   int64_t param_tensors_outside_layers() const;
 };
 
+// How Hugging Face transformers (5.17, the version on the GPU host) implements an architecture,
+// where the peers' harnesses run it and it differs from our backend. One place for facts read
+// from transformers' modeling code and measured with the peers:
+// - has_sdpa: GPTJForCausalLM raises "does not support an attention implementation through
+//   torch.nn.functional.scaled_dot_product_attention yet"
+//   (data/runs/h200-sxm/logs/2026-12-01_peers_deepspeed_1gpu_holdout_peer.log), so the peers
+//   build it with attn_implementation="eager";
+// - fp32_query_key: GPT-J's _attn upcasts query and key to fp32 (modeling_gptj.py), so its
+//   eager scores are fp32 up to the cast back;
+// - position_table_rows: GPT-J's create_sinusoidal_positions builds a table of n_positions rows
+//   and indexes it by position: a longer sequence is a CUDA device-side assert (measured with
+//   DeepSpeed on the H200 at sequence 4096,
+//   data/runs/h200-sxm/logs/2026-12-02_peers_deepspeed_1gpu_attention.log). 0: no fixed table.
+struct TransformersImpl {
+  bool has_sdpa = true;
+  bool fp32_query_key = false;
+  int64_t position_table_rows = 0;
+};
+TransformersImpl transformers_impl(const ModelSpec& m);
+
 // One of a layer's four weight matrices as the Stepcast backend stores it (q, k and v fused in
 // "qkv"; gate and up fused in "up" for gated MLPs), with the output rows of each part the
 // Hugging Face model keeps as a module of its own (q_proj, k_proj, v_proj; gate_proj,

@@ -215,6 +215,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const bool peft = c.peft_enabled();
   const double trainable = peft ? lora_params(spec, c) : params;
   const double frozen_bytes = frozen_weight_bytes(spec, c);
+  // The peers run transformers' eager attention when the plan says math: its score matrix costs
+  // traffic (below) and memory (the activations').
+  const bool peer_eager_attention = c.attention == AttentionKind::kMath && c.engine != Engine::kStepcast;
 
   // --- compute ---------------------------------------------------------------
   f.gemms = gemm_classes(spec, tokens);
@@ -241,8 +244,8 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // checkpointing: the eager path costs 0.24 s over SDPA at micro-batch 2, sequence 2048, where
   // 78 B per score (forward, recompute, backward) at HBM bandwidth is 0.29 s
   // (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_attention.jsonl).
-  if (c.attention == AttentionKind::kMath && c.engine != Engine::kStepcast) {
-    const bool fp32_scores = spec.model_type == "gptj" || wb >= 4.0;
+  if (peer_eager_attention) {
+    const bool fp32_scores = transformers_impl(spec).fp32_query_key || wb >= 4.0;
     const double scores = b * static_cast<double>(spec.num_heads) * s * s * L;
     f.attn_score_bytes_fwd = scores * (fp32_scores ? 36.0 : 24.0);
     f.attn_score_bytes_bwd = scores * (fp32_scores ? 42.0 : 28.0);
@@ -532,7 +535,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // the backward beside the 16-bit copy, 4 B more per score. Measured: DeepSpeed with GPT-J on one
   // H200 ran out of its 139.8 GiB at micro-batch 2 where 121 GiB had been predicted without it
   // (docs/engines.md).
-  if (c.attention == AttentionKind::kMath && c.engine != Engine::kStepcast && wb < 4.0)
+  if (peer_eager_attention && wb < 4.0)
     mem.act_bytes += tokens * 4.0 * static_cast<double>(spec.num_heads) * s * (c.activation_checkpointing ? 1.0 : L);
   mem.logits_elems = tokens * static_cast<double>(spec.vocab_size);
   mem.logit_bytes = wb;

@@ -262,21 +262,19 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T hooks_s = coef[kGradHookOverheadS] * f.grad_hooks_micro;
   const T fetch_fwd_host_s = fetch_overhead_s * f.fetch_fwd_frac;
   const T fetch_bwd_host_s = fetch_overhead_s - fetch_fwd_host_s;  // the backward's and the recompute's rounds
-  T fwd_hook_exposed(0.0), bwd_fetch_exposed(0.0), hooks_exposed(0.0);
-  if (f.param_fetches_micro > 0.0 || f.grad_hooks_micro > 0.0) {
-    // What the hooks add to the pass beyond its launches: 0 without hooks, continuous in them.
-    const T launch_fwd_s = coef[kHostLayerFwdS] * f.num_layers;
-    fwd_hook_exposed =
-        smooth_max(fwd_gpu_s, launch_fwd_s + fetch_fwd_host_s) - smooth_max(fwd_gpu_s, launch_fwd_s);
-    const T bwd_gpu_total_s = bwd_gpu_s + f.recompute * fwd_gpu_s;
-    const T launch_bwd_s = coef[kHostLayerBwdS] * f.num_layers + f.recompute * launch_fwd_s;
-    const T hook_host_s = fetch_bwd_host_s + hooks_s;
-    const T bwd_exposed =
-        smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s) - smooth_max(bwd_gpu_total_s, launch_bwd_s);
-    if (hook_host_s > 0.0) {
-      bwd_fetch_exposed = bwd_exposed * fetch_bwd_host_s / hook_host_s;
-      hooks_exposed = bwd_exposed * hooks_s / hook_host_s;
-    }
+  // What the hooks add to the pass beyond its launches: 0 without hooks, continuous in them.
+  const T launch_fwd_s = coef[kHostLayerFwdS] * f.num_layers;
+  const T fwd_hook_exposed =
+      smooth_max(fwd_gpu_s, launch_fwd_s + fetch_fwd_host_s) - smooth_max(fwd_gpu_s, launch_fwd_s);
+  const T bwd_gpu_total_s = bwd_gpu_s + f.recompute * fwd_gpu_s;
+  const T launch_bwd_s = coef[kHostLayerBwdS] * f.num_layers + f.recompute * launch_fwd_s;
+  const T hook_host_s = fetch_bwd_host_s + hooks_s;
+  const T bwd_exposed =
+      smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s) - smooth_max(bwd_gpu_total_s, launch_bwd_s);
+  T bwd_fetch_exposed(0.0), hooks_exposed(0.0);
+  if (hook_host_s > 0.0) {  // the backward's exposure shared between fetches and hooks
+    bwd_fetch_exposed = bwd_exposed * fetch_bwd_host_s / hook_host_s;
+    hooks_exposed = bwd_exposed * hooks_s / hook_host_s;
   }
   const T gather_gpu_exposed = max0(gather_s + param_up_s - gather_window);
   const T gather_exposed = gather_gpu_exposed + fwd_hook_exposed + bwd_fetch_exposed;
@@ -343,6 +341,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.forward_s = g * fwd_s;
   out.backward_s = g * bwd_s;
   out.recompute_s = g * recompute_s;
+  // DeepSpeed's gradient hooks launch its reductions, so their exposed host time counts here.
   out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + g * hooks_exposed + (pipelined ? T(0.0) : post_gather_s);
   out.grad_comm_total_s = g * (rs_micro_s + hooks_s) + rs_boundary_s + post_gather_s;
   out.param_gather_s = g * gather_exposed;

@@ -65,15 +65,8 @@ void check_range(const char* flag, double v, double lo, double hi, bool allow_ze
 
 namespace {
 
-// Architectures whose transformers implementation has no scaled_dot_product_attention path: the
-// peers' harnesses build them with attn_implementation="eager". Measured with transformers 5.17
-// on the H200 host: GPTJForCausalLM raises "does not support an attention implementation through
-// torch.nn.functional.scaled_dot_product_attention yet"
-// (data/runs/h200-sxm/logs/2026-12-01_peers_deepspeed_1gpu_holdout_peer.log).
-bool transformers_has_sdpa(const ModelSpec& m) { return m.model_type != "gptj"; }
-
 AttentionKind attention_for(const CommonOptions& o, const ModelSpec& model, Engine engine) {
-  const bool eager_only = engine != Engine::kStepcast && !transformers_has_sdpa(model);
+  const bool eager_only = engine != Engine::kStepcast && !transformers_impl(model).has_sdpa;
   if (o.attention == "auto") return eager_only ? AttentionKind::kMath : AttentionKind::kFlash;
   const AttentionKind a = parse_attention(o.attention, "--attention");
   if (a == AttentionKind::kFlash && eager_only)
@@ -82,16 +75,15 @@ AttentionKind attention_for(const CommonOptions& o, const ModelSpec& model, Engi
   return a;
 }
 
-// transformers' GPT-J builds a sinusoidal position table of max_position_embeddings (n_positions)
-// rows and indexes it by position (modeling_gptj.py, create_sinusoidal_positions): a longer
-// sequence is a CUDA device-side assert in the peers' first forward (measured with DeepSpeed on the
-// H200 at sequence 4096, data/runs/h200-sxm/logs/2026-12-02_peers_deepspeed_1gpu_attention.log).
+// The peers run transformers' implementation, whose fixed position table (GPT-J) bounds the
+// sequence (transformers_impl in model/model_spec.h).
 void check_position_table(const ModelSpec& model, Engine engine, int64_t seq) {
-  if (engine == Engine::kStepcast || model.model_type != "gptj" || model.max_position_embeddings <= 0) return;
-  if (seq > model.max_position_embeddings)
+  const int64_t rows = transformers_impl(model).position_table_rows;
+  if (engine == Engine::kStepcast || rows <= 0) return;
+  if (seq > rows)
     throw InputError("--seq " + std::to_string(seq) + " exceeds " + model.name + "'s max_position_embeddings " +
-                     std::to_string(model.max_position_embeddings) + ": transformers' GPT-J, which " +
-                     engine_name(engine) + " runs, has a position table of that many rows");
+                     std::to_string(rows) + ": transformers' " + model.model_type + ", which " + engine_name(engine) +
+                     " runs, has a position table of that many rows");
 }
 
 }  // namespace

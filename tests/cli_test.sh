@@ -189,14 +189,14 @@ if "$PLANNER" recommend --model 6b --gpus 2 --engine deepspeed --json 2>/dev/nul
 CALIBRATE="$(dirname "$PLANNER")/../calibrate/calibrate"
 if [[ ! -x "$CALIBRATE" ]]; then
   echo "skipped: calibrate report checks ($CALIBRATE not built)"
-elif "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --json 2>/dev/null |
-   python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["holdout_frac"] == 0 and d["runs"] and not any(r["holdout"] for r in d["runs"]) else 1)'; then
-  ok; else bad "calibrate report --engine fsdp2: runs labelled by a split the fit did not use"; fi
-if [[ ! -x "$CALIBRATE" ]]; then
-  :
-elif "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --holdout-frac 0.5 --json 2>/dev/null |
-   python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["holdout_frac"] == 0.5 else 1)'; then
-  ok; else bad "calibrate report --holdout-frac 0.5 not used"; fi
+else
+  if "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --json 2>/dev/null |
+     python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["holdout_frac"] == 0 and d["runs"] and not any(r["holdout"] for r in d["runs"]) else 1)'; then
+    ok; else bad "calibrate report --engine fsdp2: runs labelled by a split the fit did not use"; fi
+  if "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --holdout-frac 0.5 --json 2>/dev/null |
+     python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["holdout_frac"] == 0.5 else 1)'; then
+    ok; else bad "calibrate report --holdout-frac 0.5 not used"; fi
+fi
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
