@@ -321,12 +321,14 @@ Calibration calibrate_two_stage(const std::vector<Observation>& obs, const std::
 std::vector<Coef> engine_free_coefs() {
   // The host floors: a peer runs a transformers model from Python, whose passes take longer to
   // issue than our backend's (pythia-2.8b at micro-batch 1 under DeepSpeed ZeRO-0: 0.283 s a step
-  // of two micro-batches, against 0.20 s from our backend's floors).
+  // of two micro-batches, against 0.20 s from our backend's floors). The GPU optimizer's
+  // bandwidth: DeepSpeed's step is several kernels per tensor (deepspeed_gpu_step_bytes), FSDP2's
+  // torch's fused AdamW over the sharded DTensors; the harnesses time it on its own.
   return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kGradHookOverheadS,
           kHostLayerFwdS,        kHostLayerBwdS,           kPcieEffFrac,
           kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kHostCopyBytesPerSPerThread, kCpuCoreBytesPerSPerLane,
           kCpuOptStepOverheadS,  kGpuFragFrac,             kActBytesMult,      kLossExtraBytesPerLogit,
-          kGpuWorkspaceBytes};
+          kGpuWorkspaceBytes,    kGpuOptBwEffFrac};
 }
 
 Calibration calibrate_for_engine(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,

@@ -43,6 +43,26 @@ double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_c
   return bytes;
 }
 
+// HBM bytes per parameter of DeepSpeed's (v0.14.5) optimizer step on the GPU, counted from its
+// source for the gradient clipping our DeepSpeed config sets (deepspeed_config.cpp), fused Adam
+// (FusedAdam: parameter, first and second moment read and written, gradient read: 28 B in fp32):
+// - 16-bit at stages 0-1, BF16_Optimizer (bf16_optimizer.py, step): the global norm of the fp32
+//   gradients (read 4), clipping in place (read and write 4), Adam (28), the 16-bit copy of the
+//   updated parameters (read 4, write 2), clearing the fp32 gradients (write 4): 50 B;
+// - 16-bit at stages 2-3 (stage_1_and_2.py, stage3.py, step): the norm of each 16-bit gradient
+//   through a float64 copy (read 2, write 8, read 8), the partition flattened (read 2, write 2)
+//   and cast to fp32 (read 2, write 4), clipping (8), Adam (28), the 16-bit copy back (6): 70 B;
+// - fp32 at stage 0 (the engine's clip_grad_norm_ and the optimizer): norm 4, clipping 8, Adam
+//   28: 40 B; at stages 1-3 the float64 norm (4 + 8 + 8), the flattening (8), clipping (8), Adam
+//   (28) and the copy back into the partition (8): 72 B.
+// Measured on one H200 (pythia-2.8b, the optimizer phase of the peer harness): 0.042-0.046 s at
+// stages 0-2 and 0.080-0.093 s at stage 3, where 28 B a parameter at the fitted bandwidth gives
+// 0.022 s (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_zero3_curve.jsonl).
+double deepspeed_gpu_step_bytes(int zero_stage, Precision precision) {
+  if (precision == Precision::kFp32) return zero_stage == 0 ? 40.0 : 72.0;
+  return zero_stage <= 1 ? 50.0 : 70.0;
+}
+
 // Arithmetic per parameter of one update: AdamW is ~15 FLOPs (two moment
 // updates, bias corrections, sqrt, division, weight decay); block-wise 8-bit
 // adds dequantisation, absmax and a search in the 256-entry dynamic map.
@@ -448,6 +468,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // The peers' CPU optimizers keep fp32 parameters, gradients and moments on the host: 4 B read
   // of the gradient, 8 B read and write of the parameter, 16 B of the moments.
   if (offload_opt && c.engine != Engine::kStepcast) f.opt_bytes_per_param = 28.0;
+  if (!offload_opt && c.engine == Engine::kDeepSpeed) f.opt_bytes_per_param = deepspeed_gpu_step_bytes(stage, c.precision);
   f.opt_flops_per_param = optimizer_flops(c.optimizer);
   f.ranks_per_node = c.gpus_per_node;
   f.cpu_cores_node = node_cpu_cores(hw, c, limits);

@@ -122,6 +122,10 @@ double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision);
 // over it; 28 B for bf16 AdamW, 14 B for 8-bit with split master weights, 16 B without.
 double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_cpu, bool split_master = true);
 
+// HBM bytes per parameter of DeepSpeed's optimizer step on the GPU (no offload), by ZeRO stage
+// and precision, counted from its source (step_features.cpp).
+double deepspeed_gpu_step_bytes(int zero_stage, Precision precision);
+
 // Whether the update keeps split master weights: 8-bit AdamW on the CPU in bf16, unless
 // the configuration turns them off (TrainConfig::split_master; backend/cpu_adamw.h).
 bool splits_master(OptimizerKind opt, Precision precision, bool on_cpu, bool split_master = true);

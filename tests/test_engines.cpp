@@ -559,3 +559,32 @@ TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages
   c.engine = Engine::kStepcast;
   CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
 }
+
+TEST_CASE("DeepSpeed's GPU optimizer step moves more bytes than a fused update: hand count by stage") {
+  // Counted from DeepSpeed 0.14.5 with gradient clipping (model/step_features.cpp): 16-bit at
+  // stages 0-1 (BF16_Optimizer) 4 + 8 + 28 + 6 + 4 = 50 B a parameter; at stages 2-3, where each
+  // gradient's norm goes through a float64 copy and the partition is flattened and cast,
+  // 18 + 4 + 6 + 8 + 28 + 6 = 70 B. Our backend's fused bf16 AdamW: 2 + 8 + 16 + 2 = 28 B.
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c;
+  c.engine = Engine::kDeepSpeed;
+  c.gpus_per_node = 1;
+  const ModelSpec m = model("pythia-2.8b");
+  for (int stage : {0, 1, 2, 3}) {
+    c.zero_stage = stage;
+    CHECK(make_features(m, hw, c).step.opt_bytes_per_param == (stage <= 1 ? 50.0 : 70.0));
+  }
+  c.precision = Precision::kFp32;
+  c.zero_stage = 0;
+  CHECK(make_features(m, hw, c).step.opt_bytes_per_param == 40.0);
+  c.zero_stage = 2;
+  CHECK(make_features(m, hw, c).step.opt_bytes_per_param == 72.0);
+  // The CPU optimizer under offload keeps the peers' fp32 count; our backend its own.
+  c.precision = Precision::kBf16;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  c.offload_pipeline = false;
+  CHECK(make_features(m, hw, c).step.opt_bytes_per_param == 28.0);
+  c.offload_optimizer = OffloadDevice::kNone;
+  c.engine = Engine::kStepcast;
+  CHECK(make_features(m, hw, c).step.opt_bytes_per_param == 28.0);
+}
