@@ -324,7 +324,7 @@ std::vector<Coef> engine_free_coefs() {
   // of two micro-batches, against 0.20 s from our backend's floors). The GPU optimizer's
   // bandwidth: DeepSpeed's step is several kernels per tensor (deepspeed_gpu_step_bytes), FSDP2's
   // torch's fused AdamW over the sharded DTensors; the harnesses time it on its own.
-  return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kGradHookOverheadS,
+  return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kGradHookOverheadS, kParamFetchBytesPerS,
           kHostLayerFwdS,        kHostLayerBwdS,           kPcieEffFrac,
           kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kHostCopyBytesPerSPerThread, kCpuCoreBytesPerSPerLane,
           kCpuOptStepOverheadS,  kGpuFragFrac,             kActBytesMult,      kLossExtraBytesPerLogit,

@@ -51,6 +51,15 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // (two tensors per module) and 0.8 ms for llama-2-7b (one): about 0.2 ms per tensor.
     {kGradHookOverheadS, "grad_hook_overhead_s", 0.0, 0.02, 2e-4, "s",
      "host time of a peer engine's ZeRO-3 gradient hook on one parameter tensor"},
+    // DeepSpeed's ZeRO-3 forward on one H200 at micro-batch 1 spends, beyond its no-hook floor,
+    // 0.080 s a micro-batch for pythia-2.8b (195 modules, 2.78 B parameters), 0.187 for
+    // llama-2-7b (291, 6.74 B), 0.167 for gpt-j-6b (199, 6.05 B) and 0.22 for mistral-7b (291,
+    // 7.24 B): 0.03 ms a module and 26.6 ms per billion parameters fit all four within 10 %, where
+    // a cost per module alone leaves GPT-J 30 % short
+    // (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_host.jsonl). The default is that rate in
+    // bf16 bytes; the fit sets it per engine.
+    {kParamFetchBytesPerS, "param_fetch_bytes_per_s", 1e9, 1e13, 7.5e10, "B/s",
+     "parameter bytes a peer engine's ZeRO-3 fetch makes available per second, on the hooks' thread"},
     // The GPU cannot run ahead of the thread that issues its kernels: a layer's pass takes at
     // least the host time to issue it (C++ dispatch, autograd's graph walk and launches). On the
     // H200 host, pythia-2.8b at micro-batch 1 runs its backward in 60.5 ms per micro-batch at
@@ -165,7 +174,7 @@ bool is_memory_coef(Coef c) {
 
 const std::vector<Coef>& engine_coefs() {
   static const std::vector<Coef> kEngine = {
-      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kGradHookOverheadS, kHostLayerFwdS,
+      kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS,  kParamFetchOverheadS, kGradHookOverheadS, kParamFetchBytesPerS, kHostLayerFwdS,
       kHostLayerBwdS,        kGradCommOverlapFrac,
       kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kStagedCopyBytesPerS, kHostCopyBytesPerSPerThread, kGpuOptBwEffFrac,
       kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,

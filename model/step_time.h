@@ -258,7 +258,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // 3, GAS 2, data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_zero3_curve.jsonl): 0.84 s a
   // step from micro-batch 1 to 3, then 0.96, 1.06 and 1.33 s at 5, 6 and 8, 0.1 s above stage 2
   // once the GPU's work outweighs the hooks'. The excess over the pass's own time is exposed.
-  const T fetch_overhead_s = coef[kParamFetchOverheadS] * f.param_fetches_micro;
+  const T fetch_overhead_s =
+      coef[kParamFetchOverheadS] * f.param_fetches_micro + f.param_fetch_bytes_micro / coef[kParamFetchBytesPerS];
   const T hooks_s = coef[kGradHookOverheadS] * f.grad_hooks_micro;
   const T fetch_fwd_host_s = fetch_overhead_s * f.fetch_fwd_frac;
   const T fetch_bwd_host_s = fetch_overhead_s - fetch_fwd_host_s;  // the backward's and the recompute's rounds

@@ -125,6 +125,7 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   CoefVector k = for_engine(hw, "deepspeed").coefs;
   k[kParamFetchOverheadS] = 0.0;
   k[kGradHookOverheadS] = 0.0;
+  k[kParamFetchBytesPerS] = 1e30;  // the fetches' cost per byte out of the way: their count alone here
   const double base_s = predict_step_time(ds, k.data()).step_s;
   // Tiny fetches (1 ns each, 0.3 us a round against a forward of tenths of a second): hidden.
   k[kParamFetchOverheadS] = 1e-9;
@@ -218,7 +219,10 @@ TEST_CASE("a peer's timed forward holds the first of its ZeRO-3 fetch rounds") {
   // What the forward's round does not hide behind the forward's GPU work, at most the round.
   CHECK(test::close(ph.forward_s - t.forward_s, t.forward_gather_s, 1e-12));
   CHECK(t.forward_gather_s > 0.0);
-  CHECK(t.forward_gather_s <= 2.0 * 195.0 * k[kParamFetchOverheadS] + 1e-12);
+  // One round: 195 fetches and the whole model's bytes (2 B a parameter) at the fetch rate.
+  CHECK(f.param_fetch_bytes_micro == 2.0 * 2.0 * static_cast<double>(m.total_params()));
+  CHECK(t.forward_gather_s <=
+        2.0 * (195.0 * k[kParamFetchOverheadS] + 0.5 * f.param_fetch_bytes_micro / k[kParamFetchBytesPerS]) + 1e-12);
   // The three phases still add up to the step.
   CHECK(test::close(ph.forward_s + ph.backward_s + ph.optimizer_s, t.step_s, 1e-12));
   // Our backend's records hold the model's own forward.
@@ -531,8 +535,10 @@ TEST_CASE("the peers' eager attention reads and writes its score matrix: bytes p
 
 TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages 0-1, the partition at stage 2") {
   // BF16_Optimizer (stages 0 and 1) holds an fp32 flat gradient buffer of every parameter; stage
-  // 2's step casts the rank's partition to fp32. Per parameter P: stage 1 on one GPU, 2 B of bf16
-  // gradient + 4 B fp32 = 6P; stage 2 on two GPUs, P/2 x (2 + 4) = 3P; stage 0 on two GPUs: 6P.
+  // 2's step casts the rank's partition to fp32; the step's flattened 16-bit copy comes on top.
+  // Per parameter P: stage 1 on one GPU, 2 B of bf16 gradient + 4 B fp32 + 2 B flat copy = 8P;
+  // stage 2 on two GPUs, P/2 x (2 + 4 + 2) = 4P; stage 0 on two GPUs: 8P. Stage 3 one sub-group
+  // at a time: pythia-2.8b's 2.78e9 parameters on one GPU, 2P + 6 x 1e9 (sub_group_size).
   const ModelSpec m = model("pythia-2.8b");
   const double P = static_cast<double>(m.total_params());
   const HardwareProfile hw = hardware("h200-sxm");
@@ -540,14 +546,16 @@ TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages
   c.engine = Engine::kDeepSpeed;
   c.gpus_per_node = 1;
   c.zero_stage = 1;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 6.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 8.0 * P, 1e-12));
+  c.zero_stage = 3;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P + 6.0 * 1e9, 1e-12));
   c.gpus_per_node = 2;
   c.zero_stage = 2;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 3.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 4.0 * P, 1e-12));
   c.zero_stage = 0;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 6.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 8.0 * P, 1e-12));
   // Not with the optimizer offloaded (its fp32 gradients live on the host), not in fp32 (the
-  // gradients are fp32 already), not at stage 3, not for our backend.
+  // gradients are fp32 already), not for our backend.
   c.zero_stage = 1;
   c.offload_optimizer = OffloadDevice::kCpu;
   c.offload_pipeline = false;
