@@ -43,6 +43,10 @@ double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_c
   return bytes;
 }
 
+// DeepSpeed's ZeRO-3 optimizer steps its partition in sub-groups of at most this many elements
+// (sub_group_size, runtime/zero/config.py, default 1e9; our config leaves it).
+constexpr double kDeepSpeedSubGroupElems = 1e9;
+
 // HBM bytes per parameter of DeepSpeed's (v0.14.5) optimizer step on the GPU, counted from its
 // source for the gradient clipping our DeepSpeed config sets (deepspeed_config.cpp), fused Adam
 // (FusedAdam: parameter, first and second moment read and written, gradient read: 28 B in fp32):
@@ -58,10 +62,6 @@ double optimizer_traffic_bytes(OptimizerKind opt, Precision precision, bool on_c
 // Measured on one H200 (pythia-2.8b, the optimizer phase of the peer harness): 0.042-0.046 s at
 // stages 0-2 and 0.080-0.093 s at stage 3, where 28 B a parameter at the fitted bandwidth gives
 // 0.022 s (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_zero3_curve.jsonl).
-// DeepSpeed's ZeRO-3 optimizer steps its partition in sub-groups of at most this many elements
-// (sub_group_size, runtime/zero/config.py, default 1e9; our config leaves it).
-constexpr double kDeepSpeedSubGroupElems = 1e9;
-
 double deepspeed_gpu_step_bytes(int zero_stage, Precision precision) {
   if (precision == Precision::kFp32) return zero_stage == 0 ? 40.0 : 72.0;
   return zero_stage <= 1 ? 50.0 : 70.0;
@@ -523,20 +523,20 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // stages 0 and 1 its BF16_Optimizer (runtime/engine.py picks it for bf16 with fp32 gradient
   // accumulation, the default) holds a flat fp32 gradient buffer the size of the whole model
   // (bf16_optimizer.py: zeros_like(bf16_groups_flat), not partitioned); at stage 2 the step casts
-  // the rank's gradient partition to fp32 (stage_1_and_2.py: single_grad_partition). Measured on one
-  // H200, pythia-2.8b at micro-batch 1: 65.0 / 70.7 / 70.4 GiB reserved at stages 0 / 1 / 2, where
-  // the model without it gave 50.6 (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_attention.jsonl).
-  // The step also flattens the 16-bit gradients into one buffer before the cast (stage_1_and_2.py:
-  // flatten(averaged_gradients), 2 B a parameter of the partition) while they still live: the
-  // peak allocated at stages 0-2 for pythia-2.8b on one H200 is 56.9-58.4 GiB, 22 B a parameter
-  // (16 B of model states, 4 B of fp32 gradients, this 2 B copy), at micro-batch 1 to 8
-  // (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_*.jsonl, gpu_peak_allocated).
-  if (c.engine == Engine::kDeepSpeed && !offload_opt && stage <= 2 && wb < 4.0)
-    mem.gpu_grads_bytes += (4.0 + wb) * (stage == 2 ? trainable / n : trainable);
-  // ZeRO-3 does the same one sub-group at a time (stage3.py, _prepare_fp32_grad_for_sub_group;
-  // sub_group_size 1e9 elements by default, runtime/zero/config.py), freeing each after its update.
-  if (c.engine == Engine::kDeepSpeed && !offload_opt && stage == 3 && wb < 4.0)
-    mem.gpu_grads_bytes += (4.0 + wb) * std::min(kDeepSpeedSubGroupElems, trainable / n);
+  // the rank's gradient partition to fp32 (stage_1_and_2.py: single_grad_partition), after
+  // flattening its 16-bit gradients into one more buffer while they still live (2 B a parameter);
+  // ZeRO-3 does the same one sub-group at a time (stage3.py, _prepare_fp32_grad_for_sub_group),
+  // freeing each after its update. Measured on one H200, pythia-2.8b: 65.0 / 70.7 / 70.4 GiB
+  // reserved at stages 0 / 1 / 2 at micro-batch 1, where the model without the fp32 gradients gave
+  // 50.6 (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_attention.jsonl); the peak allocated at
+  // stages 0-2 is 56.9-58.4 GiB at every micro-batch, 22 B a parameter: 16 B of model states, 4 B
+  // of fp32 gradients and 2 B of the flattened copy (2026-12-02_peers_deepspeed_1gpu_*.jsonl).
+  if (c.engine == Engine::kDeepSpeed && !offload_opt && wb < 4.0) {
+    const double step_grad_elems = stage <= 1   ? trainable
+                                   : stage == 2 ? trainable / n
+                                                : std::min(kDeepSpeedSubGroupElems, trainable / n);
+    mem.gpu_grads_bytes += (4.0 + wb) * step_grad_elems;
+  }
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
