@@ -3,6 +3,8 @@
 //   calibrate fit    --runs data/runs/h200-sxm/*.jsonl --hardware h200-sxm [--out FILE] [--holdout-frac 0.25]
 //   calibrate report --runs ... --hardware h200-sxm [--json] [--svg FILE]
 //   calibrate report --published [FILE...] [--json]   (data/published: others' measurements)
+//   calibrate predict --list bench/runlists/X.txt --engine deepspeed [--out FILE] [--json]
+//                     (a designed hold-out's predictions, before it is measured)
 //   calibrate measure --list bench/runlists/calibration.txt --out DIR   (on a GPU host:
 //                     micro-benchmarks, then the designed step runs)
 #include <CLI/CLI.hpp>
@@ -88,7 +90,18 @@ int main_impl(int argc, char** argv) {
       ->capture_default_str();
   measure->add_option("--timeout-s", peer.timeout_s, "peer engines: the longest one configuration may take")
       ->capture_default_str();
+  PredictList predict;
+  CLI::App* predict_cmd =
+      app.add_subcommand("predict", "predict a run list with this build's profile before it is measured");
+  predict_cmd->add_option("--list", predict.list, "run list: MODEL NPROC [planner explain flags] per line")->required();
+  predict_cmd->add_option("--engine", predict.engine, "stepcast | deepspeed | fsdp2")->capture_default_str();
+  predict_cmd->add_option("--hardware", predict.hardware, "hardware profile name or .toml")->capture_default_str();
+  predict_cmd->add_option("--out", predict.out, "file to write (default: stdout)");
+  predict_cmd->add_option("--data-dir", predict.data_dir, "folder with models/ and hardware/");
+  predict_cmd->add_option("--planner", predict.planner, "the planner binary (default: beside calibrate)");
+  predict_cmd->add_flag("--json", predict.json, "print JSON");
   if (const auto status = parse_cli(app, argc, argv, "calibrate")) return *status;
+  if (app.got_subcommand("predict")) return run_predict_list(predict);
   if (app.got_subcommand("measure") && engine != "stepcast") {
     peer.engine = engine;
     peer.list = list;

@@ -26,8 +26,7 @@ namespace fs = std::filesystem;
 
 int run_fit(const std::vector<std::string>& run_files, const std::string& hw_name, const std::string& out_path,
             double holdout_frac, uint64_t seed, const std::string& dir, bool json, const std::string& engine) {
-  if (!(holdout_frac >= 0 && holdout_frac < 1))
-    throw InputError("--holdout-frac " + std::to_string(holdout_frac) + " must lie in [0, 1)");
+  check_holdout_split(HoldoutSplit{holdout_frac, seed}, "--holdout-frac");
   const auto files = to_paths(run_files);
   parse_engine(engine, "--engine");
   HardwareProfile hw = for_engine(resolve_hardware(hw_name, resolve_data_dir(dir)), engine);

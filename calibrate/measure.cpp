@@ -3,6 +3,7 @@
 #include <cstring>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -283,6 +284,28 @@ std::string first_error_line(const fs::path& err_path) {
   return last;
 }
 
+// `planner explain` for one run-list line, its JSON to `plan` (and DeepSpeed's config to `ds`
+// when not empty): the plan exactly as a user gets it. InputError naming the line when the
+// planner rejects it; the parsed JSON otherwise.
+nlohmann::json explain_line(const std::string& planner, const RunListEntry& it, const std::string& engine,
+                            const std::string& hardware, const std::string& data_dir, const fs::path& plan,
+                            const fs::path& ds, const fs::path& err) {
+  std::vector<std::string> argv{planner, "explain", "--model", it.model, "--gpus", std::to_string(it.nproc),
+                                "--engine", engine, "--hardware", hardware, "--json"};
+  if (!data_dir.empty()) argv.insert(argv.end(), {"--data-dir", data_dir});
+  if (!ds.empty()) argv.insert(argv.end(), {"--deepspeed-config", ds.string()});
+  argv.insert(argv.end(), it.flags.begin(), it.flags.end());
+  if (spawn_and_wait(argv, plan.string(), err.string()).exit_status != 0)
+    throw InputError(it.where + ": planner explain rejects the line: " + first_error_line(err));
+  try {
+    nlohmann::json j = nlohmann::json::parse(read_text_file(plan));
+    j.at("plans").at(0).at("config");
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    throw InternalError(std::string("planner explain --json printed no plan: ") + e.what());
+  }
+}
+
 }  // namespace
 
 int run_peer_measure(const PeerMeasure& m) {
@@ -326,25 +349,15 @@ int run_peer_measure(const PeerMeasure& m) {
     std::fprintf(stderr, "calibrate %s: %zu/%zu  %s  ETA %.0f s\n", m.engine.c_str(), i + 1, items.size(),
                  marker.c_str(), eta);
     cleanup();
-    // The plan (and the DeepSpeed JSON) exactly as a user gets them from the planner.
-    std::vector<std::string> argv{planner, "explain", "--model", it.model, "--gpus", std::to_string(it.nproc),
-                                  "--engine", m.engine, "--hardware", m.hardware, "--json"};
-    if (!m.data_dir.empty()) argv.insert(argv.end(), {"--data-dir", m.data_dir});
-    if (m.engine == "deepspeed") argv.insert(argv.end(), {"--deepspeed-config", ds.string()});
-    argv.insert(argv.end(), it.flags.begin(), it.flags.end());
-    if (spawn_and_wait(argv, plan.string(), err.string()).exit_status != 0) {
-      const std::string why = first_error_line(err);
-      cleanup();
-      throw InputError(it.where + ": planner explain rejects the line: " + why);
-    }
     std::string key, model_name;
     try {
-      const nlohmann::json j = nlohmann::json::parse(read_text_file(plan));
+      const nlohmann::json j = explain_line(planner, it, m.engine, m.hardware, m.data_dir, plan,
+                                            m.engine == "deepspeed" ? ds : fs::path(), err);
       model_name = j.at("model").at("name").get<std::string>();
       key = config_key(model_name, train_config_from_json(j.at("plans").at(0).at("config"), it.where + ": config"));
-    } catch (const nlohmann::json::exception& e) {
+    } catch (...) {
       cleanup();
-      throw InternalError(std::string("planner explain --json printed no plan: ") + e.what());
+      throw;
     }
     if (have.count(key) && have[key] >= m.steps - 1) {
       ++skipped;
@@ -388,6 +401,63 @@ int run_peer_measure(const PeerMeasure& m) {
   std::fprintf(stderr, "calibrate %s: %d run, %d skipped (already measured), %d failed, %.0f s; steps in %s\n",
                m.engine.c_str(), done, skipped, failed, total, runs.string().c_str());
   return failed ? 1 : 0;
+}
+
+int run_predict_list(const PredictList& p) {
+  if (p.engine != "stepcast" && p.engine != "deepspeed" && p.engine != "fsdp2")
+    throw InputError("--engine \"" + p.engine + "\" is not valid (valid: stepcast, deepspeed, fsdp2)");
+  const std::vector<RunListEntry> items = read_run_list(p.list);
+  if (items.empty()) throw InputError(p.list + ": the run list has no configuration");
+  if (!p.out.empty()) check_output_path(p.out);
+  const std::string planner = sibling_binary(p.planner, "planner", "planner");
+  const ScratchFolder scratch("stepcast-predict-");
+  const fs::path plan = fs::path(scratch.path()) / "plan.json", err = fs::path(scratch.path()) / "planner.err";
+  nlohmann::json rows = nlohmann::json::array();
+  {
+    for (const RunListEntry& it : items) {
+      const nlohmann::json j = explain_line(planner, it, p.engine, p.hardware, p.data_dir, plan, fs::path(), err);
+      const nlohmann::json& best = j.at("plans").at(0);
+      std::string line = it.model + " " + std::to_string(it.nproc);
+      for (const std::string& w : it.flags) line += " " + w;
+      const nlohmann::json& interval = best.at("time_s").at("step_interval_95");
+      rows.push_back({{"line", line},
+                      {"where", it.where},
+                      {"config_key", config_key(j.at("model").at("name").get<std::string>(),
+                                                train_config_from_json(best.at("config"), it.where + ": config"))},
+                      {"step_s", best.at("time_s").at("step")},
+                      {"step_interval_95_s", interval},
+                      {"gpu_memory_bytes", best.at("gpu_memory_bytes").at("total")},
+                      {"fits", best.at("fits")},
+                      {"extrapolated_dimensions", best.at("extrapolated_dimensions")}});
+    }
+  }
+  std::string text;
+  if (p.json) {
+    const nlohmann::json doc{{"list", p.list},      {"engine", p.engine},         {"hardware", p.hardware},
+                             {"git_commit", STEPCAST_GIT_COMMIT}, {"predictions", rows}};
+    text = doc.dump(2) + "\n";
+  } else {
+    size_t width = 0;
+    for (const auto& r : rows) width = std::max(width, r.at("line").get<std::string>().size());
+    text = "# " + p.list + ", predicted by " + STEPCAST_GIT_COMMIT + " (engine " + p.engine + ", hardware " +
+           p.hardware + ") before it is measured:\n# planner explain --model M --gpus N --engine " + p.engine +
+           " FLAGS; step s, its 95 % interval, peak GPU GiB\n";
+    for (const auto& r : rows) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "  step %.3f s  95%% [%.3f, %.3f]  memory %.1f GiB%s\n",
+                    r.at("step_s").get<double>(), r.at("step_interval_95_s").at(0).get<double>(),
+                    r.at("step_interval_95_s").at(1).get<double>(),
+                    r.at("gpu_memory_bytes").get<double>() / 1073741824.0, r.at("fits").get<bool>() ? "" : "  does not fit");
+      std::string line = r.at("line").get<std::string>();
+      line.resize(width, ' ');
+      text += line + buf;
+    }
+  }
+  if (p.out.empty())
+    std::fputs(text.c_str(), stdout);
+  else
+    write_file_atomic(p.out, text);
+  return 0;
 }
 
 }  // namespace stepcast::calibrate

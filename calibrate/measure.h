@@ -77,6 +77,20 @@ struct PeerMeasure {
 };
 int run_peer_measure(const PeerMeasure& m);
 
+// `calibrate predict`: each run-list line (MODEL NPROC [planner explain flags]) predicted by this
+// build's profile with `planner explain --engine E --json` before it is measured, so that a
+// designed hold-out's predictions are committed with the commit that made them. A table (or
+// JSON) to stdout or, atomically, to `out`.
+struct PredictList {
+  std::string engine = "stepcast";
+  std::string list, out;
+  std::string hardware = "h200-sxm";
+  std::string data_dir;  // empty: the build's
+  std::string planner;   // empty: beside calibrate
+  bool json = false;
+};
+int run_predict_list(const PredictList& p);
+
 // Splits a flag string ("--quick --suite compute") at white space.
 std::vector<std::string> split_words(const std::string& text);
 

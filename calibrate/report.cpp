@@ -119,8 +119,7 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name,
                std::optional<HoldoutSplit> split, const std::string& dir, bool json, const std::string& svg,
                const CrossValidator& cross_validator, const std::string& engine) {
-  if (split && !(split->frac >= 0 && split->frac < 1))
-    throw InputError("--holdout-frac " + std::to_string(split->frac) + " must lie in [0, 1)");
+  if (split) check_holdout_split(*split, "--holdout-frac");
   if (!svg.empty()) check_output_path(svg);
   parse_engine(engine, "--engine");
   HardwareProfile hw = for_engine(resolve_hardware(hw_name, resolve_data_dir(dir)), engine);

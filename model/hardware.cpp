@@ -11,6 +11,12 @@
 #include "model/toml_reader.h"
 
 namespace stepcast {
+
+void check_holdout_split(const HoldoutSplit& split, const char* flag) {
+  if (!(split.frac >= 0 && split.frac < 1))
+    throw InputError(std::string(flag) + " " + std::to_string(split.frac) + " must lie in [0, 1)");
+}
+
 namespace fs = std::filesystem;
 
 double GpuSpec::peak_flops_per_s(Precision p) const {

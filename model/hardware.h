@@ -76,6 +76,8 @@ struct HoldoutSplit {
 // `calibrate fit`'s default split, and the report's for a profile written before the split was
 // recorded.
 inline constexpr HoldoutSplit kDefaultHoldoutSplit{0.25, 1};
+// Throws InputError naming `flag` unless 0 <= split.frac < 1 (fit and report share the check).
+void check_holdout_split(const HoldoutSplit& split, const char* flag);
 
 // A profile's [engines.NAME] section: the engine coefficients (coefficients.h, engine_coefs)
 // fitted to that engine's runs on this hardware.

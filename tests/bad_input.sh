@@ -396,6 +396,16 @@ t 2 "pub_model.toml: rows\[0\].model.*gpt-9" "$CALIBRATE" report --published "$T
 t 2 "--published and --runs" "$CALIBRATE" report --published --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl"
 t 2 "nothing.toml" "$CALIBRATE" report --published "$TMP/nothing.toml"
 
+# --- calibrate predict: a run list planner explain rejects, names its line; nothing is written ---
+printf 'pythia-2.8b 1 --stage 2\npythia-2.8b 1 --stage 9\n' >"$TMP/predict_bad.txt"
+t 2 "predict_bad.txt:2: planner explain rejects the line" "$CALIBRATE" predict --list "$TMP/predict_bad.txt" --engine deepspeed --out "$TMP/out.file"
+[[ -e "$TMP/out.file" ]] && { echo "FAIL [calibrate predict]: wrote $TMP/out.file for a rejected list"; fail=$((fail + 1)); }
+printf '# nothing\n' >"$TMP/predict_empty.txt"
+t 2 "predict_empty.txt: the run list has no configuration" "$CALIBRATE" predict --list "$TMP/predict_empty.txt"
+t 2 "--engine \"tpu\" is not valid" "$CALIBRATE" predict --list "$SRC/bench/runlists/smoke.txt" --engine tpu
+t 2 "nothing.txt: cannot open" "$CALIBRATE" predict --list "$TMP/nothing.txt"
+t 2 "$TMP" "$CALIBRATE" predict --list "$SRC/bench/runlists/smoke.txt" --out "$TMP"
+
 # --- run lists for calibrate measure ---
 while IFS='|' read -r name text regex; do
   [[ -z "$name" ]] && continue

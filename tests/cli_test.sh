@@ -196,6 +196,20 @@ else
   if "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --holdout-frac 0.5 --json 2>/dev/null |
      python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["holdout_frac"] == 0.5 else 1)'; then
     ok; else bad "calibrate report --holdout-frac 0.5 not used"; fi
+  # calibrate predict: one row per run-list line (comments skipped), each the plan planner explain
+  # gives for that line (the same step time and memory), under the build's commit.
+  list="$(mktemp)"
+  printf '# a comment\npythia-2.8b 1 --stage 2 --micro-batch 2 --gas 2\n\ngpt-j-6b 1 --stage 3 --micro-batch 1 --gas 4\n' > "$list"
+  want="$("$PLANNER" explain --model gpt-j-6b --gpus 1 --engine deepspeed --stage 3 --micro-batch 1 --gas 4 --json 2>/dev/null |
+          python3 -c 'import json,sys; p=json.load(sys.stdin)["plans"][0]; print(p["time_s"]["step"], p["gpu_memory_bytes"]["total"])')"
+  if "$CALIBRATE" predict --list "$list" --engine deepspeed --json 2>/dev/null |
+     python3 -c 'import json,sys; d=json.load(sys.stdin); r=d["predictions"]; w=[float(x) for x in sys.argv[1].split()]
+ok = len(r) == 2 and r[1]["line"].startswith("gpt-j-6b 1 --stage 3") and abs(r[1]["step_s"] - w[0]) <= 1e-9 * w[0] \
+     and abs(r[1]["gpu_memory_bytes"] - w[1]) <= 1e-9 * w[1] and r[0]["step_interval_95_s"][0] < r[0]["step_s"] < r[0]["step_interval_95_s"][1] \
+     and d["git_commit"] != ""
+sys.exit(0 if ok else 1)' "$want"; then
+    ok; else bad "calibrate predict: rows differ from planner explain"; fi
+  rm -f "$list"
 fi
 
 echo "$pass passed, $fail failed"
