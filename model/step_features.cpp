@@ -348,7 +348,14 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // peer harness's forward holds it (measured on one H200: ZeRO-3's forward is 0.09-0.10 s per
   // micro-batch longer than ZeRO-1's for pythia-2.8b, 195 modules, at micro-batch 1, 4 and 8).
   if (stage == 3) f.fetch_fwd_frac = 1.0 / (c.engine == Engine::kDeepSpeed ? fetch_rounds : 2.0);
-  if (stage == 3 && c.engine == Engine::kDeepSpeed)
+  // DeepSpeed's ZeRO optimizers hook every trainable tensor's gradient: stage 3
+  // (runtime/zero/stage3.py) and stages 1-2 alike (runtime/zero/stage_1_and_2.py,
+  // create_reduce_and_remove_grad_hooks, registered at stage 1 because the config we write sets
+  // overlap_comm). Stage 0 runs BF16_Optimizer without hooks. Measured on one H200, pythia-2.8b
+  // (388 tensors) at micro-batch 1-2: the backward is 0.035 s a micro-batch longer at stage 1 and
+  // 0.056 s at stage 2 than at stage 0, at every micro-batch of the accumulation, and hidden behind
+  // the GPU's backward from micro-batch 4 (data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu*.jsonl).
+  if (stage >= 1 && c.engine == Engine::kDeepSpeed)
     f.grad_hooks_micro = static_cast<double>(spec.param_tensors_per_layer()) * L +
                          static_cast<double>(spec.param_tensors_outside_layers());
   if (multi_rank) {

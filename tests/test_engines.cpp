@@ -107,6 +107,20 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   c.gpus_per_node = 2;
   c.zero_stage = 2;
   CHECK(make_features(llama, hw, c).step.param_fetches_micro == 0.0);
+  // DeepSpeed's gradient hooks: one per trainable tensor every micro-batch at stages 1-3
+  // (stage_1_and_2.py registers them at stage 1 too, with the overlap_comm our config sets);
+  // none at stage 0 (BF16_Optimizer), none for FSDP2.
+  for (int stage : {1, 2, 3}) {
+    c.zero_stage = stage;
+    CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 388.0);
+    CHECK(make_features(llama, hw, c).step.grad_hooks_micro == 291.0);
+  }
+  c.zero_stage = 0;
+  CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
+  c.zero_stage = 2;
+  c.engine = Engine::kFsdp2;
+  CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
+  c.engine = Engine::kDeepSpeed;
   c.zero_stage = 3;
   c.engine = Engine::kFsdp2;
   CHECK(make_features(llama, hw, c).step.param_fetches_micro == 0.0);
