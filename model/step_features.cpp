@@ -351,13 +351,18 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // DeepSpeed's ZeRO optimizers hook every trainable tensor's gradient: stage 3
   // (runtime/zero/stage3.py) and stages 1-2 alike (runtime/zero/stage_1_and_2.py,
   // create_reduce_and_remove_grad_hooks, registered at stage 1 because the config we write sets
-  // overlap_comm). Stage 0 runs BF16_Optimizer without hooks. Measured on one H200, pythia-2.8b
-  // (388 tensors) at micro-batch 1-2: the backward is 0.035 s a micro-batch longer at stage 1 and
-  // 0.056 s at stage 2 than at stage 0, at every micro-batch of the accumulation, and hidden behind
-  // the GPU's backward from micro-batch 4 (data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu*.jsonl).
-  if (stage >= 1 && c.engine == Engine::kDeepSpeed)
-    f.grad_hooks_micro = static_cast<double>(spec.param_tensors_per_layer()) * L +
-                         static_cast<double>(spec.param_tensors_outside_layers());
+  // overlap_comm). Stage 2's hooks bucket, reduce and copy every micro-batch; stage 1's do that
+  // work only on the last micro-batch (reduce_ready_partitions_and_remove_grads tests
+  // is_gradient_accumulation_boundary) and return at once before it. Stage 0 runs
+  // BF16_Optimizer without hooks. Measured on one H200, pythia-2.8b (388 tensors) at micro-batch
+  // 1: the backward is 0.035 s a micro-batch longer at stage 1, GAS 2, and 0.056 s at stage 2
+  // than at stage 0, hidden behind the GPU's backward from micro-batch 4
+  // (data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu*.jsonl); at stage 1, GAS 4, sequence
+  // 1024 it is 0.092 s a micro-batch in all (2026-12-02_peers_deepspeed_1gpu_holdout5.jsonl).
+  const double hooked_tensors = static_cast<double>(spec.param_tensors_per_layer()) * L +
+                                static_cast<double>(spec.param_tensors_outside_layers());
+  if (c.engine == Engine::kDeepSpeed && stage >= 2) f.grad_hooks_micro = hooked_tensors;
+  if (c.engine == Engine::kDeepSpeed && stage == 1) f.grad_hooks_boundary = hooked_tensors;
   if (multi_rank) {
     f.gather_bus_factor = all_gather_bus_factor(n);
     if (stage == 0) {
@@ -430,7 +435,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // The peers' offload traffic, read from their sources (DeepSpeed v0.14.5, torch 2.11):
   if (offload_opt && c.engine == Engine::kDeepSpeed) {
     const double g = static_cast<double>(c.gas);
-    if (stage <= 2) {
+    if (stage == 1) {
+      // runtime/zero/stage_1_and_2.py: stage 1 leaves the 16-bit gradients summing on the GPU and
+      // reaches copy_grads_in_partition only on the last micro-batch, where
+      // async_accumulate_grad_in_cpu_via_gpu brings its (never written, zero) host buffer up to
+      // add (GAS > 1) and the sum goes down as fp32.
+      f.grad_host_bytes_micro = 0.0;
+      f.d2h_bytes_boundary = shard_params * (4.0 + (g > 1.0 ? wb : 0.0));
+      f.h2d_bytes_step = shard_params * 4.0;
+    } else if (stage == 2) {
       // runtime/zero/stage_1_and_2.py, async_accumulate_grad_in_cpu_via_gpu: every micro-batch but
       // the last copies its 16-bit gradient partition to a host buffer and, from the second on,
       // first brings the host sum back to add to it; the last sends the sum as fp32

@@ -298,9 +298,15 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     share(rs_micro_s, grad_host_micro_s, rs_exposed_micro, grad_host_exposed_micro);
     share(rs_micro_s + rs_boundary_s, d2h_boundary_s, rs_exposed_boundary, d2h_exposed_boundary);
   }
+  // Hooks that work on the last micro-batch only (DeepSpeed ZeRO-1) lengthen that backward's host
+  // time alone; what they add beyond it is exposed once a step.
+  const T hooks_boundary_s = coef[kGradHookOverheadS] * f.grad_hooks_boundary;
+  const T hooks_boundary_exposed =
+      smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s + hooks_boundary_s) -
+      smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s);
   const T micro_s = compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro;
-  const T boundary_micro_s =
-      compute_s + gather_exposed + hooks_exposed + rs_exposed_boundary + d2h_exposed_boundary + staged_s;
+  const T boundary_micro_s = compute_s + gather_exposed + hooks_exposed + hooks_boundary_exposed + rs_exposed_boundary +
+                             d2h_exposed_boundary + staged_s;
 
   // --- optimizer step --------------------------------------------------------
   // All ranks of a host run their CPU optimizer at once and share its cores and DRAM.
@@ -343,8 +349,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.backward_s = g * bwd_s;
   out.recompute_s = g * recompute_s;
   // DeepSpeed's gradient hooks launch its reductions, so their exposed host time counts here.
-  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + g * hooks_exposed + (pipelined ? T(0.0) : post_gather_s);
-  out.grad_comm_total_s = g * (rs_micro_s + hooks_s) + rs_boundary_s + post_gather_s;
+  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + g * hooks_exposed + hooks_boundary_exposed +
+                    (pipelined ? T(0.0) : post_gather_s);
+  out.grad_comm_total_s = g * (rs_micro_s + hooks_s) + hooks_boundary_s + rs_boundary_s + post_gather_s;
   out.param_gather_s = g * gather_exposed;
   out.forward_gather_s = g * (gather_gpu_exposed * f.fetch_fwd_frac + fwd_hook_exposed);
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);

@@ -61,6 +61,27 @@ TEST_CASE("DeepSpeed ZeRO-2 offload moves gradients over PCIe every micro-batch 
   CHECK(test::close(one.d2h_bytes_boundary, 4.0 * P, 1e-12));
 }
 
+TEST_CASE("DeepSpeed ZeRO-1 offload moves gradients over PCIe on the last micro-batch only (hand count)") {
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double P = static_cast<double>(m.total_params()) / 2.0;
+  // Stage 1 sums the 16-bit gradients on the GPU; on the last of 4 micro-batches it brings its
+  // zero host buffer up (2 B), sends the sum down as fp32 (4 B); the update comes back (4 B).
+  const StepFeatures f = make_features(m, hw, offload(Engine::kDeepSpeed, 1, 4)).step;
+  CHECK(f.grad_host_bytes_micro == 0.0);
+  CHECK(test::close(f.d2h_bytes_boundary, P * 6.0, 1e-12));
+  CHECK(test::close(f.h2d_bytes_step, P * 4.0, 1e-12));
+  // Its 291 gradient hooks work on that micro-batch only; stage 2's on every one.
+  CHECK(f.grad_hooks_micro == 0.0);
+  CHECK(f.grad_hooks_boundary == 291.0);
+  const StepFeatures two = make_features(m, hw, offload(Engine::kDeepSpeed, 2, 4)).step;
+  CHECK(two.grad_hooks_micro == 291.0);
+  CHECK(two.grad_hooks_boundary == 0.0);
+  // GAS 1: nothing comes up; the sum goes down as fp32.
+  const StepFeatures one = make_features(m, hw, offload(Engine::kDeepSpeed, 1, 1)).step;
+  CHECK(test::close(one.d2h_bytes_boundary, 4.0 * P, 1e-12));
+}
+
 TEST_CASE("FSDP2 CPU offload uploads the fp32 shard in forward and backward, nothing after the step") {
   const ModelSpec m = model("llama-2-7b");
   const StepFeatures f = make_features(m, hardware("h200-sxm"), offload(Engine::kFsdp2, 3, 4)).step;
@@ -107,14 +128,18 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   c.gpus_per_node = 2;
   c.zero_stage = 2;
   CHECK(make_features(llama, hw, c).step.param_fetches_micro == 0.0);
-  // DeepSpeed's gradient hooks: one per trainable tensor every micro-batch at stages 1-3
-  // (stage_1_and_2.py registers them at stage 1 too, with the overlap_comm our config sets);
+  // DeepSpeed's gradient hooks: one per trainable tensor every micro-batch at stages 2-3, on the
+  // last micro-batch at stage 1 (stage_1_and_2.py registers them there too, with the
+  // overlap_comm our config sets, and works only at the accumulation boundary);
   // none at stage 0 (BF16_Optimizer), none for FSDP2.
-  for (int stage : {1, 2, 3}) {
+  for (int stage : {2, 3}) {
     c.zero_stage = stage;
     CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 388.0);
     CHECK(make_features(llama, hw, c).step.grad_hooks_micro == 291.0);
   }
+  c.zero_stage = 1;  // on the last micro-batch only
+  CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
+  CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 388.0);
   c.zero_stage = 0;
   CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
   c.zero_stage = 2;
