@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-PublishedRow parse_row(const TomlReader& t, const std::string& engine, const fs::path& data_dir) {
+PublishedRow parse_row(const TomlReader& t, const std::string& engine, bool grad_sync_each, const fs::path& data_dir) {
   t.reject_unknown_keys({"where", "model", "hardware", "gpus", "seq", "micro_batch", "gas", "precision",
                          "checkpointing", "stage", "offload_optimizer", "offload_params", "optimizer",
                          "tokens_per_s_per_gpu", "step_s", "gas_time_s", "opt_time_s", "peak_memory_gib",
@@ -67,6 +67,7 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, const fs:
   c.optimizer = parse_optimizer(t.get_string_or("optimizer", "adamw"), t.origin() + ": " + t.key_path("optimizer"));
   // DeepSpeed runs its CPU optimizer after the backward, then the uploads.
   if (c.engine == Engine::kDeepSpeed) c.offload_pipeline = false;
+  c.grad_sync_each_micro = grad_sync_each && c.gas > 1;
   validate_config(c, json_config_names(t.origin() + ": " + t.key_path("")));
   r.tokens_per_s_per_gpu = t.get_double("tokens_per_s_per_gpu", 1e-6, 1e12);
   r.step_s = t.get_double_or("step_s", 0.0, 0.0, 1e7);
@@ -125,7 +126,7 @@ PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
   PublishedSource s;
   s.file = origin;
   const TomlReader src = t.subtable("source");
-  src.reject_unknown_keys({"id", "title", "url", "retrieved", "engine", "notes", "memory_habits"});
+  src.reject_unknown_keys({"id", "title", "url", "retrieved", "engine", "notes", "memory_habits", "grad_sync"});
   s.id = src.get_string("id");
   s.title = src.get_string("title");
   s.url = src.get_string("url");
@@ -133,6 +134,14 @@ PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
   s.engine = src.get_string("engine");
   s.notes = src.get_string_or("notes", "");
   parse_engine(s.engine, origin + ": source.engine");
+  // FSDP2 sources: whether the gradients are reduce-scattered after every micro-batch ("each")
+  // or held whole until the last ("last", the default; TrainConfig::grad_sync_each_micro).
+  const std::string sync = src.get_string_or("grad_sync", "last");
+  if (sync != "last" && sync != "each")
+    throw InputError(origin + ": source.grad_sync = \"" + sync + "\" is not valid (valid: last, each)");
+  if (sync == "each" && s.engine != "fsdp2")
+    throw InputError(origin + ": source.grad_sync = \"each\" is an FSDP2 setting (source.engine is " + s.engine + ")");
+  s.grad_sync_each = sync == "each";
   if (auto habits = src.subtable_opt("memory_habits")) {
     for (const auto& [key, node] : habits->table()) {
       const std::string name(key.str());
@@ -151,7 +160,7 @@ PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
     const toml::table* row = (*rows)[i].as_table();
     const std::string path = "rows[" + std::to_string(i) + "]";
     if (!row) throw InputError(origin + ": " + path + " is not a table");
-    s.rows.push_back(parse_row(TomlReader(*row, origin, path), s.engine, data_dir));
+    s.rows.push_back(parse_row(TomlReader(*row, origin, path), s.engine, s.grad_sync_each, data_dir));
   }
   return s;
 }

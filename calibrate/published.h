@@ -36,6 +36,7 @@ struct PublishedSource {
   // [source.memory_habits]: memory coefficients (is_memory_coef) of the model implementation the
   // source ran, read from its code (e.g. its loss's bytes per logit); they replace the profile's.
   std::map<Coef, double> memory_habits;
+  bool grad_sync_each = false;  // [source] grad_sync = "each": FSDP2 reduces after every micro-batch
   std::vector<PublishedRow> rows;
 };
 

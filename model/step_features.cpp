@@ -371,7 +371,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     } else {
       f.grad_comm_bus_factor = reduce_scatter_bus_factor(n);
     }
-    if (stage <= 1) {
+    // FSDP2 without gradient sync before the last micro-batch holds the whole gradients and
+    // reduce-scatters them once, on the last.
+    const bool fsdp2_sync_last = c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro;
+    if (stage <= 1 || fsdp2_sync_last) {
       // Gradients accumulate locally; one reduction on the last micro-batch.
       f.grad_comm_bytes_boundary = grad_bytes_full;
       f.grad_comm_calls_boundary = grad_calls;
@@ -557,6 +560,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                                 : std::min(kDeepSpeedSubGroupElems, trainable / n);
     mem.gpu_grads_bytes += (4.0 + wb) * step_grad_elems;
   }
+  // FSDP2 without gradient sync on the micro-batches before the last (set_requires_gradient_sync
+  // (False), as the harness and Accelerate's accumulation run it; grad_sync_each_micro off) keeps every parameter's whole,
+  // unsharded gradient cast to the reduce dtype, fp32 in the policy we write, until the last
+  // micro-batch's reduce-scatter consumes it (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
+  // to_accumulated_grad_if_needed): 4 B per trainable parameter on every rank, on the GPU with
+  // CPUOffloadPolicy too. Measured on one H200 at GAS 2: reserved 137.1 GiB for llama-2-7b
+  // checkpointed at micro-batch 2 where 16 B a parameter and the activations make 105
+  // (data/runs/h200-sxm/2026-12-02_peers_fsdp2_1gpu_holdout.jsonl).
+  if (c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro) mem.gpu_grads_bytes += 4.0 * trainable;
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight

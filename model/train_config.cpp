@@ -90,6 +90,7 @@ ConfigFieldNames json_config_names(const std::string& where) {
   n.lora_alpha = where + ".lora_alpha";
   n.lora_dropout = where + ".lora_dropout";
   n.offload_order = where + ".offload_pipeline";
+  n.grad_sync = where + ".grad_sync_each_micro";
   return n;
 }
 
@@ -132,6 +133,9 @@ void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
     if (!(c.lora_dropout >= 0.0 && c.lora_dropout < 1.0))
       throw InputError(n.lora_dropout + " " + std::to_string(c.lora_dropout) + " is out of range [0, 1)");
   }
+  if (c.grad_sync_each_micro && c.engine != Engine::kFsdp2)
+    throw InputError(n.grad_sync + " (each micro-batch) is an FSDP2 setting: " + engine +
+                     " reduces as its ZeRO stage says");
   if (c.engine == Engine::kDeepSpeed && c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline)
     throw InputError(engine + " runs its CPU optimizer after the backward: " + n.offload_order +
                      " must be off (got " + offload_pipeline_name(c) + ")");
@@ -198,6 +202,7 @@ std::string family_name(const TrainConfig& c) {
   out += c.optimizer == OptimizerKind::kAdamW8bit ? " + 8-bit AdamW" : " + AdamW";
   if (c.peft == PeftKind::kLora) out += " + LoRA";
   if (c.peft == PeftKind::kQlora) out += " + QLoRA";
+  if (c.grad_sync_each_micro) out += " + reduce each micro-batch";
   return out;
 }
 

@@ -63,6 +63,12 @@ struct TrainConfig {
   CpuSimd cpu_simd = CpuSimd::kAuto;
   bool cpu_bind = true;
   Engine engine = Engine::kStepcast;
+  // FSDP2 with GAS > 1: reduce-scatter the gradients after every micro-batch (true) or only after
+  // the last (false, set_requires_gradient_sync(False) before it, as Accelerate accumulates by
+  // default: accelerate/utils/dataclasses.py, GradientAccumulationPlugin.sync_each_batch = False),
+  // which holds every parameter's whole gradient in fp32 until then (step_features.cpp).
+  // DeepSpeed's stage and the backend decide this themselves.
+  bool grad_sync_each_micro = false;
   PeftKind peft = PeftKind::kNone;
   int64_t lora_rank = 16;
   LoraTargets lora_targets = LoraTargets::kAll;
@@ -111,7 +117,8 @@ struct ConfigFieldNames {
               offload_pipeline = "--offload-pipeline", micro_batch = "--micro-batch", gas = "--gas", seq = "--seq",
               gpus = "--gpus", nodes = "--nodes", engine = "--engine", peft = "--peft", lora_rank = "--lora-rank",
               lora_alpha = "--lora-alpha", lora_dropout = "--lora-dropout",
-              offload_order = "--offload-pipeline";  // whether the CPU optimizer is pipelined
+              offload_order = "--offload-pipeline",  // whether the CPU optimizer is pipelined
+              grad_sync = "--grad-sync";
 };
 // `where` + ".zero_stage" and so on (train_config_json.h's keys).
 ConfigFieldNames json_config_names(const std::string& where);

@@ -28,6 +28,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   if (c.cpu_simd != CpuSimd::kAuto) j["cpu_simd"] = cpu_simd_name(c.cpu_simd);
   if (!c.cpu_bind) j["cpu_bind"] = false;
   if (c.engine != Engine::kStepcast) j["engine"] = engine_name(c.engine);
+  if (c.grad_sync_each_micro) j["grad_sync_each_micro"] = true;
   if (c.peft_enabled()) {
     j["peft"] = peft_name(c.peft);
     j["lora_rank"] = c.lora_rank;
@@ -89,6 +90,7 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     if (j.contains("cpu_simd")) c.cpu_simd = parse_cpu_simd(j.at("cpu_simd").get<std::string>(), where + ".cpu_simd");
     c.cpu_bind = boolean_key(j, "cpu_bind", where, true, false);
     if (j.contains("engine")) c.engine = parse_engine(j.at("engine").get<std::string>(), where + ".engine");
+    c.grad_sync_each_micro = boolean_key(j, "grad_sync_each_micro", where, false, false);
     if (j.contains("peft")) {
       c.peft = parse_peft(j.at("peft").get<std::string>(), where + ".peft");
       if (c.peft_enabled()) {
@@ -131,6 +133,7 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          (c.cpu_bind ? "" : " bind=off") +
          (c.attention == AttentionKind::kFlash ? "" : std::string(" attn=") + attention_name(c.attention)) +
          (c.engine == Engine::kStepcast ? "" : std::string(" engine=") + engine_name(c.engine)) +
+         (c.grad_sync_each_micro ? " sync=each" : "") +
          (c.peft_enabled() ? std::string(" peft=") + peft_name(c.peft) + " r" + std::to_string(c.lora_rank) + " " +
                                  lora_targets_name(c.lora_targets) + (c.lora_dropout > 0 ? " dropout" : "")
                            : "");

@@ -50,7 +50,15 @@ std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec
     write_file_atomic(o.fsdp_config, accelerate_fsdp_yaml(model, plan.config));
     notes.push_back("Accelerate FSDP2 config written to " + o.fsdp_config + " (micro-batch " +
                     std::to_string(plan.config.micro_batch) + ", gradient accumulation " +
-                    std::to_string(plan.config.gas) + ": set them in the training script)");
+                    std::to_string(plan.config.gas) + ": set them in the training script" +
+                    (plan.config.gas > 1
+                         ? plan.config.grad_sync_each_micro
+                               ? "; this plan reduces after every micro-batch: GradientAccumulationPlugin(num_steps=" +
+                                     std::to_string(plan.config.gas) + ", sync_each_batch=True)"
+                               : "; this plan reduces after the last micro-batch only (Accelerate's default), "
+                                 "holding each parameter's whole fp32 gradient until then"
+                         : std::string()) +
+                    ")");
   }
   if (o.deepspeed_config.empty()) return notes;
   // DeepSpeed runs its (fp32) CPU Adam after the whole backward, not pipelined with it as the
@@ -333,6 +341,7 @@ struct ExplainOptions {
   std::string offload_pipeline = "on";
   bool offload_pipeline_given = false;
   std::string engine = "stepcast";
+  std::string grad_sync = "last";
 };
 
 int run_explain(const CommonOptions& o, const ExplainOptions& e) {
@@ -346,6 +355,11 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   c.optimizer = parse_optimizer(e.optimizer, "--optimizer");
   c.micro_batch = e.micro_batch;
   c.gas = e.gas;
+  if (e.grad_sync == "each") {
+    c.grad_sync_each_micro = true;
+  } else if (e.grad_sync != "last") {
+    throw InputError("--grad-sync \"" + e.grad_sync + "\" is not valid (valid: last, each)");
+  }
   if (e.checkpointing == "on" || e.checkpointing == "true") {
     c.activation_checkpointing = true;
   } else if (e.checkpointing == "off" || e.checkpointing == "false") {
@@ -507,6 +521,10 @@ int main_impl(int argc, char** argv) {
   exp->add_option("--micro-batch", e.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
   exp->add_option("--gas", e.gas, "gradient accumulation steps")->capture_default_str();
   exp->add_option("--checkpointing", e.checkpointing, "on | off (full activation checkpointing)")->capture_default_str();
+  exp->add_option("--grad-sync", e.grad_sync,
+                  "FSDP2 with GAS > 1: last (reduce-scatter after the last micro-batch only, holding whole fp32 "
+                  "gradients until then; Accelerate's accumulation) | each (after every micro-batch)")
+      ->capture_default_str();
 
   CommonOptions val_opts;
   ValidateOptions vo;

@@ -121,9 +121,10 @@ SearchResult search_plans(const SearchRequest& req) {
         if (off_par == OffloadDevice::kCpu &&
             (stage != 3 || !req.allow_offload || off_opt != OffloadDevice::kCpu))
           continue;
-        // On one rank, stages 1-3 without offload partition nothing: they are stage 0.
-        if (world == 1 && stage > 0 && off_opt == OffloadDevice::kNone &&
-            off_par == OffloadDevice::kNone) {
+        // On one rank, stages 1-3 without offload partition nothing: they are stage 0. FSDP2 has
+        // no stage 0: its stages 2 and 3 are its plans there.
+        if (world == 1 && stage > 0 && off_opt == OffloadDevice::kNone && off_par == OffloadDevice::kNone &&
+            req.base.engine != Engine::kFsdp2) {
           skipped_single_rank = true;
           continue;
         }
@@ -138,8 +139,12 @@ SearchResult search_plans(const SearchRequest& req) {
               } else {
                 gas_list = req.gas_values;
               }
-              for (int64_t gas : gas_list) for (PeftKind peft : peft_list) {
+              for (int64_t gas : gas_list) for (PeftKind peft : peft_list) for (bool sync_each : {false, true}) {
+                // FSDP2 accumulating over micro-batches: syncing after each holds no whole
+                // gradients (less memory, a reduce-scatter per micro-batch); both are plans.
+                if (sync_each && !(req.base.engine == Engine::kFsdp2 && gas > 1)) continue;
                 TrainConfig c = req.base;
+                c.grad_sync_each_micro = sync_each;
                 c.peft = peft;
                 c.zero_stage = stage;
                 c.offload_optimizer = off_opt;

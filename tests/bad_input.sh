@@ -115,6 +115,8 @@ for flag in --offload-optimizer --offload-params --optimizer --offload-pipeline 
   t 2 "$flag" "$PLANNER" explain --model 7b "$flag" maybe
 done
 t 2 "--optimizers" "$PLANNER" recommend --model 7b --optimizers adamw,sgd
+t 2 "--grad-sync \"sometimes\" is not valid" "$PLANNER" explain --model 7b --engine fsdp2 --stage 3 --gas 2 --grad-sync sometimes
+t 2 "--grad-sync \(each micro-batch\) is an FSDP2 setting" "$PLANNER" explain --model 7b --engine deepspeed --stage 2 --gas 2 --grad-sync each
 t 2 "--engine" "$PLANNER" recommend --model 7b --engine torch
 # PEFT settings: methods, ranks, targets, what an engine or a command cannot take.
 t 2 "--peft.*dora" "$PLANNER" recommend --model 7b --peft dora
@@ -393,6 +395,10 @@ sed 's/engine = "fsdp2"/engine = "megatron"/' "$TMP/pub_gpus.toml" >"$TMP/pub_en
 t 2 "pub_engine.toml: source.engine.*megatron" "$CALIBRATE" report --published "$TMP/pub_engine.toml"
 sed 's/model = "llama-2-13b"/model = "gpt-9"/' "$TMP/pub_gpus.toml" >"$TMP/pub_model.toml"
 t 2 "pub_model.toml: rows\[0\].model.*gpt-9" "$CALIBRATE" report --published "$TMP/pub_model.toml"
+sed 's/engine = "fsdp2"/engine = "fsdp2"\ngrad_sync = "often"/' "$TMP/pub_gpus.toml" >"$TMP/pub_sync.toml"
+t 2 "pub_sync.toml: source.grad_sync = \"often\"" "$CALIBRATE" report --published "$TMP/pub_sync.toml"
+sed 's/engine = "fsdp2"/engine = "deepspeed"\ngrad_sync = "each"/' "$TMP/pub_gpus.toml" >"$TMP/pub_sync_ds.toml"
+t 2 "pub_sync_ds.toml: source.grad_sync = \"each\" is an FSDP2 setting" "$CALIBRATE" report --published "$TMP/pub_sync_ds.toml"
 t 2 "--published and --runs" "$CALIBRATE" report --published --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl"
 t 2 "nothing.toml" "$CALIBRATE" report --published "$TMP/nothing.toml"
 

@@ -607,6 +607,63 @@ TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages
   CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
 }
 
+TEST_CASE("FSDP2 accumulating without sync holds every parameter's whole fp32 gradient (hand count)") {
+  // torch 2.11, fsdp/_fully_shard/_fsdp_param.py, to_accumulated_grad_if_needed: before the last
+  // micro-batch the unsharded gradient is cast to the reduce dtype (fp32) and kept, on every
+  // rank: 4 B a parameter beside the shard's gradient. Reducing after each micro-batch, or one
+  // micro-batch a step, holds none.
+  const ModelSpec m = model("llama-2-7b");
+  const double P = static_cast<double>(m.total_params());
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c;
+  c.engine = Engine::kFsdp2;
+  c.zero_stage = 3;
+  c.gpus_per_node = 2;
+  c.gas = 1;
+  const double shard_only = make_features(m, hw, c).memory.gpu_grads_bytes;
+  CHECK(test::close(shard_only, 2.0 * P / 2.0, 1e-12));
+  c.gas = 4;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, shard_only + 4.0 * P, 1e-12));
+  // Its reduce-scatter then runs once, on the last micro-batch.
+  CHECK(make_features(m, hw, c).step.grad_comm_bytes_micro == 0.0);
+  CHECK(make_features(m, hw, c).step.grad_comm_bytes_boundary > 0.0);
+  c.grad_sync_each_micro = true;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, shard_only, 1e-12));
+  CHECK(make_features(m, hw, c).step.grad_comm_bytes_micro > 0.0);
+  CHECK(make_features(m, hw, c).step.grad_comm_bytes_boundary == 0.0);
+  // The setting keys the configuration, round-trips through JSON, and is FSDP2's alone.
+  CHECK(config_key("m", c).ends_with(" engine=fsdp2 sync=each"));
+  CHECK(train_config_from_json(train_config_to_json(c), "r").grad_sync_each_micro);
+  CHECK_FALSE(train_config_to_json(TrainConfig{}).contains("grad_sync_each_micro"));
+  c.engine = Engine::kDeepSpeed;
+  CHECK_THROWS_WITH_AS(validate_config(c), doctest::Contains("--grad-sync (each micro-batch) is an FSDP2 setting"),
+                       InputError);
+  nlohmann::json j = train_config_to_json(c);
+  CHECK_THROWS_WITH_AS(train_config_from_json(j, "r.config"),
+                       doctest::Contains("r.config.grad_sync_each_micro (each micro-batch) is an FSDP2 setting"),
+                       InputError);
+  // The search offers both for FSDP2 at GAS > 1; syncing each micro-batch needs 4 B a parameter less.
+  SearchRequest r;
+  r.model = model("pythia-2.8b");
+  r.hardware = hw;
+  r.base.engine = Engine::kFsdp2;
+  r.base.gpus_per_node = 1;
+  r.global_batch = 8;
+  r.micro_batches = {2};
+  r.optimizers = {OptimizerKind::kAdamW};
+  r.allow_offload = false;
+  r.checkpointing = {true};
+  const SearchResult res = search_plans(r);
+  const Prediction* last = nullptr;
+  const Prediction* each = nullptr;
+  for (const Prediction& p : res.ranked)
+    if (p.config.zero_stage == 3) (p.config.grad_sync_each_micro ? each : last) = &p;
+  REQUIRE(last != nullptr);
+  REQUIRE(each != nullptr);
+  CHECK(test::close(last->memory.gpu_total_bytes - each->memory.gpu_total_bytes,
+                    4.0 * static_cast<double>(r.model.total_params()), 1e-9));
+}
+
 TEST_CASE("DeepSpeed's GPU optimizer step moves more bytes than a fused update: hand count by stage") {
   // Counted from DeepSpeed 0.14.5 with gradient clipping (model/step_features.cpp): 16-bit at
   // stages 0-1 (BF16_Optimizer) 4 + 8 + 28 + 6 + 4 = 50 B a parameter; at stages 2-3, where each

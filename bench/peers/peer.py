@@ -192,7 +192,7 @@ def build_fsdp2(cfg, c, local_rank):
     state = {"mb": 0}
 
     def micro(tokens, last):
-        model.set_requires_gradient_sync(last)
+        model.set_requires_gradient_sync(last or c.get("grad_sync_each_micro", False))
         t0 = time.perf_counter()
         loss = model(input_ids=tokens, labels=tokens).loss / gas
         torch.cuda.synchronize()
