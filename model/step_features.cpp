@@ -589,6 +589,14 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     for (const Projection& p : projections(spec, c)) largest = std::max(largest, p.out * p.in);
     buffers += largest * wb;
   }
+  // DeepSpeed's ZeRO optimizer at stages 1-2 (no offload) gathers each micro-batch's gradients
+  // into a 16-bit partition buffer during the backward (stage_1_and_2.py: grads_in_partition at
+  // stage 2, the averaged_gradients partitions at stage 1), beside the activations; its
+  // segments then serve neither the activations nor the step's larger fp32 buffers. Measured on
+  // one H200, pythia-2.8b: the reserve above model states and step buffers is 6.5 GiB plus
+  // 6.8 GiB a micro-batch at stages 1-2, against 0-0.5 GiB plus 6.3-7 at stages 0 and 3
+  // (data/runs/h200-sxm/2026-12-0*_peers_deepspeed_1gpu*.jsonl): 2.3 B a parameter.
+  if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && !offload_opt) buffers += wb * trainable / n;
   mem.gpu_buffers_bytes = buffers;
   const double live_layers = c.activation_checkpointing ? 0.0 : L;
   const double ckpt_inputs = c.activation_checkpointing ? L * h : 0.0;

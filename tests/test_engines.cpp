@@ -605,6 +605,21 @@ TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages
   c.precision = Precision::kBf16;
   c.engine = Engine::kStepcast;
   CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
+  // The ZeRO optimizer's 16-bit gradient partition buffer at stages 1-2 without offload (one
+  // GPU: 2 B a parameter; two GPUs at stage 2: 1 B), a buffer beside the model states; none at
+  // stage 0, with offload, or for our backend.
+  c.engine = Engine::kDeepSpeed;
+  c.gpus_per_node = 1;
+  c.zero_stage = 1;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_buffers_bytes, 2.0 * P, 1e-12));
+  c.gpus_per_node = 2;
+  c.zero_stage = 2;
+  TrainConfig ours = c;  // the same buckets in flight, without the partition buffer
+  ours.engine = Engine::kStepcast;
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_buffers_bytes - make_features(m, hw, ours).memory.gpu_buffers_bytes,
+                    2.0 * P / 2.0, 1e-9));
+  c.zero_stage = 0;
+  CHECK(make_features(m, hw, c).memory.gpu_buffers_bytes == 0.0);
 }
 
 TEST_CASE("FSDP2 accumulating without sync holds every parameter's whole fp32 gradient (hand count)") {
