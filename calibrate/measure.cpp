@@ -413,23 +413,21 @@ int run_predict_list(const PredictList& p) {
   const ScratchFolder scratch("stepcast-predict-");
   const fs::path plan = fs::path(scratch.path()) / "plan.json", err = fs::path(scratch.path()) / "planner.err";
   nlohmann::json rows = nlohmann::json::array();
-  {
-    for (const RunListEntry& it : items) {
-      const nlohmann::json j = explain_line(planner, it, p.engine, p.hardware, p.data_dir, plan, fs::path(), err);
-      const nlohmann::json& best = j.at("plans").at(0);
-      std::string line = it.model + " " + std::to_string(it.nproc);
-      for (const std::string& w : it.flags) line += " " + w;
-      const nlohmann::json& interval = best.at("time_s").at("step_interval_95");
-      rows.push_back({{"line", line},
-                      {"where", it.where},
-                      {"config_key", config_key(j.at("model").at("name").get<std::string>(),
-                                                train_config_from_json(best.at("config"), it.where + ": config"))},
-                      {"step_s", best.at("time_s").at("step")},
-                      {"step_interval_95_s", interval},
-                      {"gpu_memory_bytes", best.at("gpu_memory_bytes").at("total")},
-                      {"fits", best.at("fits")},
-                      {"extrapolated_dimensions", best.at("extrapolated_dimensions")}});
-    }
+  for (const RunListEntry& it : items) {
+    const nlohmann::json j = explain_line(planner, it, p.engine, p.hardware, p.data_dir, plan, fs::path(), err);
+    const nlohmann::json& best = j.at("plans").at(0);
+    std::string line = it.model + " " + std::to_string(it.nproc);
+    for (const std::string& w : it.flags) line += " " + w;
+    const nlohmann::json& interval = best.at("time_s").at("step_interval_95");
+    rows.push_back({{"line", line},
+                    {"where", it.where},
+                    {"config_key", config_key(j.at("model").at("name").get<std::string>(),
+                                              train_config_from_json(best.at("config"), it.where + ": config"))},
+                    {"step_s", best.at("time_s").at("step")},
+                    {"step_interval_95_s", interval},
+                    {"gpu_memory_bytes", best.at("gpu_memory_bytes").at("total")},
+                    {"fits", best.at("fits")},
+                    {"extrapolated_dimensions", best.at("extrapolated_dimensions")}});
   }
   std::string text;
   if (p.json) {

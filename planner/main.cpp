@@ -356,7 +356,7 @@ int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   c.micro_batch = e.micro_batch;
   c.gas = e.gas;
   if (e.grad_sync == "each") {
-    c.grad_sync_each_micro = true;
+    c.grad_sync_each_micro = c.gas > 1;  // one micro-batch a step reduces once either way: one key
   } else if (e.grad_sync != "last") {
     throw InputError("--grad-sync \"" + e.grad_sync + "\" is not valid (valid: last, each)");
   }
