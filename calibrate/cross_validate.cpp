@@ -145,6 +145,30 @@ const std::vector<std::pair<std::string, std::function<std::string(const RunReco
   return kGroups;
 }
 
+// Each LOCO prediction: the configuration, measured and predicted step and memory, signed
+// errors, and how many regime dimensions the fold had not seen; largest |step error| first.
+nlohmann::json loco_rows(std::vector<CvPrediction> predictions) {
+  const auto step_err = [](const CvPrediction& p) { return p.step_s / p.run->step_s - 1; };
+  std::sort(predictions.begin(), predictions.end(), [&](const CvPrediction& a, const CvPrediction& b) {
+    return std::abs(step_err(a)) > std::abs(step_err(b));
+  });
+  nlohmann::json rows = nlohmann::json::array();
+  for (const CvPrediction& p : predictions) {
+    const RunRecord& r = *p.run;
+    rows.push_back({{"key", r.key},
+                    {"file", r.source},
+                    {"measured_step_s", r.step_s},
+                    {"predicted_step_s", p.step_s},
+                    {"step_error_pct", 100 * step_err(p)},
+                    {"measured_peak_memory_bytes", r.gpu_peak_reserved_bytes},
+                    {"predicted_peak_memory_bytes", p.gpu_memory_bytes},
+                    {"memory_error_pct",
+                     r.gpu_peak_reserved_bytes > 0 ? 100 * (p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1) : 0.0},
+                    {"unseen_dimensions", p.unseen_dims}});
+  }
+  return rows;
+}
+
 }  // namespace
 
 IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
@@ -170,18 +194,14 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
                                        const HardwareProfile& hw) {
   std::fprintf(stderr, "calibrate: cross-validating (leave one configuration out, then one group) ...\n");
   nlohmann::json cv;
-  cv["loco"] = cv_summary(cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; }), hw.interval);
+  const std::vector<CvPrediction> loco = cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; });
+  cv["loco"] = cv_summary(loco, hw.interval);
+  cv["loco"]["runs"] = loco_rows(loco);
   cv["interval"] = {{"source", hw.interval.empty() ? "coefficient covariance and model error" : "cross-validated (conformal)"},
                     {"log_q95_seen", hw.interval.log_q95_seen},
                     {"log_q95_unseen", hw.interval.log_q95_unseen}};
-  const std::vector<std::pair<std::string, std::function<std::string(const RunRecord&)>>> groupings = {
-      {"model", [](const RunRecord& r) { return r.model.name; }},
-      {"zero_stage", [](const RunRecord& r) { return std::to_string(r.config.zero_stage); }},
-      {"offload", offload_of},
-      {"seq_len", [](const RunRecord& r) { return std::to_string(r.config.seq_len); }},
-      {"gpus", [](const RunRecord& r) { return std::to_string(r.config.world_size()); }},
-      {"file", [](const RunRecord& r) { return r.source; }},
-  };
+  std::vector<std::pair<std::string, std::function<std::string(const RunRecord&)>>> groupings = regime_groupings();
+  groupings.emplace_back("file", [](const RunRecord& r) { return r.source; });
   cv["groups"] = nlohmann::json::array();
   for (const auto& [name, fold_of] : groupings) {
     const std::vector<CvPrediction> preds = cross_validate(runs, micro, hw, fold_of);

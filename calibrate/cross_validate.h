@@ -57,8 +57,9 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
 // else inside 1.96 of its fold's step_std_s.
 nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval = {});
 
-// The report's "cv" object: {loco: summary + configurations, groups: [{name, value,
-// configurations, step_time_mean_abs_pct_error, coverage_95, ...}]}. Progress to stderr.
+// The report's "cv" object: {loco: summary + configurations + runs (each configuration's
+// held-out prediction, largest step error first), groups: [{name, configurations,
+// step_time_mean_abs_pct_error, coverage_95, ...}]}. Progress to stderr.
 nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                        const HardwareProfile& hw);
 

@@ -17,6 +17,9 @@ namespace stepcast::calibrate {
 
 namespace fs = std::filesystem;
 
+// The text table lists this many of the worst leave-one-configuration-out predictions.
+constexpr size_t kLocoRowsShown = 10;
+
 std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const HardwareProfile& hw, double holdout_frac,
                               uint64_t seed) {
   std::vector<Row> rows;
@@ -202,6 +205,17 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
     };
     line("each configuration (LOCO)", cv["loco"]);
     for (const auto& g : cv["groups"]) line(g["name"].get<std::string>(), g);
+    const nlohmann::json& worst = cv["loco"]["runs"];
+    const size_t shown = std::min<size_t>(worst.size(), kLocoRowsShown);
+    std::printf("\nthe %zu configurations predicted worst when left out (all of them under --json: cv.loco.runs)\n", shown);
+    std::printf("%-62s %8s %8s %8s %8s %7s\n", "run", "meas", "pred", "err", "mem err", "unseen");
+    std::printf("%-62s %8s %8s %8s %8s %7s\n", "", "s", "s", "%", "%", "dims");
+    for (size_t i = 0; i < shown; ++i) {
+      const nlohmann::json& r = worst[i];
+      std::printf("%-62s %8.3f %8.3f %+8.1f %+8.1f %7d\n", r["key"].get<std::string>().c_str(),
+                  r["measured_step_s"].get<double>(), r["predicted_step_s"].get<double>(), r["step_error_pct"].get<double>(),
+                  r["memory_error_pct"].get<double>(), r["unseen_dimensions"].get<int>());
+    }
   }
   if (j.contains("coefficients")) {
     std::printf("\ncoefficients the fit moves: what informs them in these runs\n");
