@@ -196,6 +196,20 @@ else
   if "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --holdout-frac 0.5 --json 2>/dev/null |
      python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["holdout_frac"] == 0.5 else 1)'; then
     ok; else bad "calibrate report --holdout-frac 0.5 not used"; fi
+  # cv.loco.runs: one row per configuration, its error from its own measured and predicted step,
+  # largest |error| first, and their mean is the summary's mean.
+  if "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --json 2>/dev/null |
+     python3 -c '
+import json, sys
+l = json.load(sys.stdin)["cv"]["loco"]; rows = l["runs"]
+errs = [abs(r["step_error_pct"]) for r in rows]
+ok = (len(rows) == l["configurations"] > 0 and len({r["key"] for r in rows}) == len(rows)
+      and all(abs(r["step_error_pct"] - 100 * (r["predicted_step_s"] / r["measured_step_s"] - 1)) < 1e-9 for r in rows)
+      and errs == sorted(errs, reverse=True)
+      and abs(sum(errs) / len(errs) - l["step_time_mean_abs_pct_error"]) < 1e-9
+      and abs(errs[0] - l["step_time_max_abs_pct_error"]) < 1e-9)
+sys.exit(0 if ok else 1)'; then
+    ok; else bad "calibrate report: cv.loco.runs disagrees with the LOCO summary"; fi
   # calibrate predict: one row per run-list line (comments skipped), each the plan planner explain
   # gives for that line (the same step time and memory), under the build's commit.
   list="$(mktemp)"
