@@ -45,7 +45,8 @@ def profile_card(path, a):
     attn = a.attention or ("eager" if card["model_type"] == "gptj" else "sdpa")
     cfg.peer_attn = attn
     torch.manual_seed(0)
-    model = causal_lm(cfg, torch.bfloat16).cuda()
+    with torch.device("cuda"):  # built and initialised on the GPU: the CPU's init is the slow part
+        model = causal_lm(cfg, torch.bfloat16)
     init_weights(model)
     model.train()
     tokens = torch.randint(0, card["vocab_size"], (a.micro_batch, a.seq), device="cuda")
