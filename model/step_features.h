@@ -40,6 +40,11 @@ struct StepFeatures {
   double seq_len = 0;
   double elementwise_bytes_fwd = 0;  // analytic activation bytes, the traffic of non-GEMM ops
   double num_layers = 0;
+  // A peer's model implementation (transformers): its measured host time per decoder layer,
+  // forward and backward (HostSpec::transformers_layer_s), relative to the mean over the
+  // profiled families; it scales the engine's fitted per-layer host time. 1 for our backend,
+  // for an unprofiled family and where the host was not profiled.
+  double impl_host_fwd_rel = 1, impl_host_bwd_rel = 1;
   double recompute = 0;            // 1 with full activation checkpointing
   double gas = 1;
   double peak_flops_per_s = 0;     // dense peak at the run's precision

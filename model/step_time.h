@@ -226,8 +226,12 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
                            f.peak_flops_per_s, coef) +
       overhead_s + local_gather_s + grad_accum_s + f.attn_score_bytes_bwd / f.hbm_bytes_per_s;
-  const T fwd_s = detail::max2(fwd_gpu_s, T(coef[kHostLayerFwdS] * f.num_layers));
-  const T bwd_s = detail::max2(bwd_gpu_s, T(coef[kHostLayerBwdS] * f.num_layers));
+  // The host's time to issue a layer: the engine's (fitted), scaled for a peer by its model
+  // implementation's measured cost relative to the profiled families (transformers' Python).
+  const T launch_fwd_s = coef[kHostLayerFwdS] * f.impl_host_fwd_rel * f.num_layers;
+  const T launch_bwd_only_s = coef[kHostLayerBwdS] * f.impl_host_bwd_rel * f.num_layers;
+  const T fwd_s = detail::max2(fwd_gpu_s, launch_fwd_s);
+  const T bwd_s = detail::max2(bwd_gpu_s, launch_bwd_only_s);
   const T recompute_s = f.recompute * fwd_s;
   const T compute_s = fwd_s + bwd_s + recompute_s;
 
@@ -264,11 +268,10 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T fetch_fwd_host_s = fetch_overhead_s * f.fetch_fwd_frac;
   const T fetch_bwd_host_s = fetch_overhead_s - fetch_fwd_host_s;  // the backward's and the recompute's rounds
   // What the hooks add to the pass beyond its launches: 0 without hooks, continuous in them.
-  const T launch_fwd_s = coef[kHostLayerFwdS] * f.num_layers;
   const T fwd_hook_exposed =
       smooth_max(fwd_gpu_s, launch_fwd_s + fetch_fwd_host_s) - smooth_max(fwd_gpu_s, launch_fwd_s);
   const T bwd_gpu_total_s = bwd_gpu_s + f.recompute * fwd_gpu_s;
-  const T launch_bwd_s = coef[kHostLayerBwdS] * f.num_layers + f.recompute * launch_fwd_s;
+  const T launch_bwd_s = launch_bwd_only_s + f.recompute * launch_fwd_s;
   const T hook_host_s = fetch_bwd_host_s + hooks_s;
   const T bwd_exposed =
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s) - smooth_max(bwd_gpu_total_s, launch_bwd_s);

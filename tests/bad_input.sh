@@ -256,6 +256,9 @@ pricedate|0,/^date = .*/s//date = \"Sept 2026\"/|prices\[0\].date.*not a date
 priceusd|0,/^usd_per_gpu_hour = .*/s//usd_per_gpu_hour = -2/|prices\[0\].usd_per_gpu_hour
 pricekey|0,/^\(usd_per_gpu_hour = .*\)/s//\1\nspot = 1/|prices\[0\].spot
 pricenosrc|0,/^source = \"coreweave.*/s///|prices\[0\].source
+hostfamily|s/^gptj = { fwd_s/bloom = { fwd_s/|host.transformers_layer_s.bloom.*not a model_type
+hostrange|s/^llama = { fwd_s = [0-9.e-]*/llama = { fwd_s = 7/|host.transformers_layer_s.llama.fwd_s
+hostkey|s/^qwen2 = { fwd_s/qwen2 = { step_s = 1, fwd_s/|host.transformers_layer_s.qwen2.step_s
 EOF
 # A catalog profile whose engines_from names no profile.
 mkdir -p "$TMP/dd/hardware" && cp -r "$SRC/data/models" "$TMP/dd/models"

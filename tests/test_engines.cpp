@@ -3,6 +3,9 @@
 // model/step_features.cpp).
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "common/errors.h"
 #include "common/text_file.h"
 #include "model/prediction.h"
@@ -131,7 +134,8 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   // DeepSpeed's gradient hooks: one per trainable tensor every micro-batch at stages 2-3, on the
   // last micro-batch at stage 1 (stage_1_and_2.py registers them there too, with the
   // overlap_comm our config sets, and works only at the accumulation boundary);
-  // none at stage 0 (BF16_Optimizer), none for FSDP2.
+  // none at stage 0 (BF16_Optimizer). FSDP2's post-backward reduce does its per-tensor work
+  // on the micro-batches that reduce (below).
   for (int stage : {2, 3}) {
     c.zero_stage = stage;
     CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 388.0);
@@ -142,9 +146,20 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 388.0);
   c.zero_stage = 0;
   CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
+  // FSDP2 (torch's foreach_reduce): accumulating without sync (GAS 2 here) it reduces on the
+  // last micro-batch only; reducing each micro-batch, and at GAS 1, on every one.
   c.zero_stage = 2;
   c.engine = Engine::kFsdp2;
   CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
+  CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 388.0);
+  c.grad_sync_each_micro = true;
+  CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 388.0);
+  CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 0.0);
+  c.grad_sync_each_micro = false;
+  c.gas = 1;
+  CHECK(make_features(llama, hw, c).step.grad_hooks_micro == 291.0);
+  CHECK(make_features(llama, hw, c).step.grad_hooks_boundary == 0.0);
+  c.gas = 2;
   c.engine = Engine::kDeepSpeed;
   c.zero_stage = 3;
   c.engine = Engine::kFsdp2;
@@ -173,8 +188,10 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   // forward of each micro-batch is its host time, the launches and one round of fetches.
   k[kParamFetchOverheadS] = 0.05;
   const StepTime<double> host_bound = predict_step_time(ds, k.data());
-  const double host_fwd_s = k[kHostLayerFwdS] * llama.num_layers + 291 * 0.05;
-  CHECK(timed_phases(host_bound, true).forward_s == doctest::Approx(2.0 * host_fwd_s).epsilon(1e-5));
+  // (The launches: the engine's per-layer time scaled by transformers' llama layer against the
+  // profiled families' mean on this host.)
+  const double host_fwd_s = k[kHostLayerFwdS] * ds.impl_host_fwd_rel * llama.num_layers + 291 * 0.05;
+  CHECK(timed_phases(host_bound, true).forward_s == doctest::Approx(2.0 * host_fwd_s).epsilon(5e-5));
   // And the step grows by at most the two rounds of every micro-batch (less what they hide).
   CHECK(host_bound.step_s > base_s);
   CHECK(host_bound.step_s <= base_s + 2 * 582 * 0.05 + 1e-9);
@@ -706,4 +723,62 @@ TEST_CASE("DeepSpeed's GPU optimizer step moves more bytes than a fused update: 
   c.offload_optimizer = OffloadDevice::kNone;
   c.engine = Engine::kStepcast;
   CHECK(make_features(m, hw, c).step.opt_bytes_per_param == 28.0);
+}
+
+TEST_CASE("the peers' per-layer host cost: transformers' profile, relative by family, carried to other GPUs") {
+  const HardwareProfile hw = hardware("h200-sxm");
+  // The committed table is host_profile.py's measurement: the per-layer times of its JSON lines.
+  std::istringstream lines(read_text_file(test::data_dir() / "runs/h200-sxm/host_profile/2026-12-02_transformers_seq128.jsonl"));
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    const auto& cost = hw.host.transformers_layer_s.at(r.at("model_type").get<std::string>());
+    CHECK(test::close(cost.fwd_s, r.at("fwd_ms_per_layer").get<double>() / 1e3, 1e-3));
+    CHECK(test::close(cost.bwd_s, r.at("bwd_ms_per_layer").get<double>() / 1e3, 1e-3));
+    ++rows;
+  }
+  CHECK(rows == static_cast<int>(hw.host.transformers_layer_s.size()));
+  // Relative by hand: a table of llama 2 / 3 ms and gpt_neox 1 / 1 ms has means 1.5 and 2 ms,
+  // so llama's layers take 4/3 and 3/2 of the engine's fitted time, pythia's 2/3 and 1/2.
+  std::string text = read_text_file(hw.path);
+  const size_t from = text.find("[host.transformers_layer_s]");
+  const size_t to = text.find("[links]");
+  REQUIRE(from != std::string::npos);
+  REQUIRE(to != std::string::npos);
+  const std::string table =
+      "[host.transformers_layer_s]\nsource = \"test\"\nllama = { fwd_s = 2e-3, bwd_s = 3e-3 }\n"
+      "gpt_neox = { fwd_s = 1e-3, bwd_s = 1e-3 }\n\n";
+  const HardwareProfile two = parse_hardware_profile(text.substr(0, from) + table + text.substr(to), "t.toml");
+  TrainConfig c;
+  c.engine = Engine::kFsdp2;
+  c.zero_stage = 3;
+  const StepFeatures llama = make_features(model("llama-2-7b"), two, c).step;
+  CHECK(test::close(llama.impl_host_fwd_rel, 4.0 / 3.0, 1e-12));
+  CHECK(test::close(llama.impl_host_bwd_rel, 1.5, 1e-12));
+  const StepFeatures pythia = make_features(model("pythia-2.8b"), two, c).step;
+  CHECK(test::close(pythia.impl_host_fwd_rel, 2.0 / 3.0, 1e-12));
+  CHECK(test::close(pythia.impl_host_bwd_rel, 0.5, 1e-12));
+  // An unprofiled family, and our own backend, keep the fitted time as it is.
+  CHECK(make_features(model("gpt-j-6b"), two, c).step.impl_host_fwd_rel == 1.0);
+  c.engine = Engine::kStepcast;
+  CHECK(make_features(model("llama-2-7b"), two, c).step.impl_host_fwd_rel == 1.0);
+  // The launch floor scales with it: at micro-batch 1 x 128 tokens the pass is the host's.
+  c.engine = Engine::kFsdp2;
+  c.micro_batch = 1;
+  c.seq_len = 128;
+  const HardwareProfile fsdp = for_engine(two, "fsdp2");
+  const double fwd_s = predict_step_time(make_features(model("llama-2-7b"), fsdp, c).step, fsdp.coefs.data()).forward_s;
+  CHECK(test::close(fwd_s, fsdp.coefs[kHostLayerFwdS] * 4.0 / 3.0 * 32, 0.02));
+  // A GPU profile without a table of its own takes the reference's (engines_from).
+  const HardwareProfile a100 = hardware("a100-80gb-sxm");
+  CHECK(a100.host.transformers_layer_s.size() == hw.host.transformers_layer_s.size());
+  CHECK(a100.host.transformers_layer_source.starts_with("transferred from h200-sxm"));
+  // Bad input names the file and the key.
+  const auto parse_with = [&](const std::string& t) { return parse_hardware_profile(text.substr(0, from) + t + text.substr(to), "t.toml"); };
+  CHECK_THROWS_WITH_AS(parse_with("[host.transformers_layer_s]\nsource = \"x\"\nbloom = { fwd_s = 1e-3, bwd_s = 1e-3 }\n"),
+                       doctest::Contains("t.toml: key 'host.transformers_layer_s.bloom' is not a model_type"), InputError);
+  CHECK_THROWS_WITH_AS(parse_with("[host.transformers_layer_s]\nsource = \"x\"\nllama = { fwd_s = -1e-3, bwd_s = 1e-3 }\n"),
+                       doctest::Contains("fwd_s"), InputError);
+  CHECK_THROWS_AS(parse_with("[host.transformers_layer_s]\nllama = { fwd_s = 1e-3, bwd_s = 1e-3 }\n"), InputError);
 }
