@@ -25,7 +25,7 @@ enum Coef : int {
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
   kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
   kParamFetchOverheadS,      // host time of one hooked parameter fetch (peer engines' ZeRO-3 / FSDP2 units)
-  kGradHookOverheadS,        // a peer engine's ZeRO gradient hook per parameter tensor in the backward (host)
+  kGradHookOverheadS,        // a peer engine's gradient reduction hook per parameter tensor in the backward (host)
   kParamFetchBytesPerS,      // parameter bytes a peer engine's ZeRO-3 fetch makes available per second (on the hooks' thread)
   kHostLayerFwdS,            // host time to issue one layer's forward (the floor of a launch-bound forward)
   kHostLayerBwdS,            // host time to issue one layer's backward (the floor of a launch-bound backward)
