@@ -377,19 +377,14 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                 static_cast<double>(spec.param_tensors_outside_layers());
   if (c.engine == Engine::kDeepSpeed && stage >= 2) f.grad_hooks_micro = hooked_tensors;
   if (c.engine == Engine::kDeepSpeed && stage == 1) f.grad_hooks_boundary = hooked_tensors;
-  // FSDP2's post-backward (torch fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce) is host
-  // work per parameter tensor on every micro-batch that reduces: it flattens the unit's gradients,
-  // reduce-scatters them and wraps each shard as a DTensor in Python. Accumulating without sync it
-  // runs on the last micro-batch only. Measured on one H200, pythia-2.8b at micro-batch 1 (2026-12-
-  // 02_peers_fsdp2_1gpu_holdout4.jsonl): the backward is 3.4 ms a layer a micro-batch at GAS 2 and
-  // 2.2 ms at GAS 4, i.e. 1.0 ms without the reduce and 4.8 ms more on the reducing one (12
-  // tensors a layer: 0.4 ms a tensor); llama-3-8b at GAS 1 (hold-out 3): 6.2 ms a layer in all.
-  if (c.engine == Engine::kFsdp2) {
-    if (c.gas > 1 && !c.grad_sync_each_micro)
-      f.grad_hooks_boundary = hooked_tensors;
-    else
-      f.grad_hooks_micro = hooked_tensors;
-  }
+  // FSDP2 spends host time once a step per parameter tensor in a backward, whether it reduces
+  // after every micro-batch or after the last only (the post-backward's per-tensor Python in
+  // torch fsdp/_fully_shard: foreach_reduce and the gradients' DTensor wrapping). Measured on one
+  // H200, pythia-2.8b at micro-batch 1: the backward is 3.4 ms a layer a micro-batch at GAS 2 and
+  // 2.2 ms at GAS 4, i.e. 1.0 ms plus 4.8 ms once a step (2026-12-02_peers_fsdp2_1gpu_holdout4
+  // .jsonl); reducing after each of the two micro-batches took the same 0.221 s of backward as
+  // reducing after the last (holdout5), so the cost is not the reduce's on each micro-batch.
+  if (c.engine == Engine::kFsdp2) f.grad_hooks_boundary = hooked_tensors;
   if (multi_rank) {
     f.gather_bus_factor = all_gather_bus_factor(n);
     if (stage == 0) {

@@ -64,8 +64,8 @@ struct StepFeatures {
   double param_fetches_micro = 0;  // hooked parameter fetches per micro-batch (peer engines' stage 3)
   double param_fetch_bytes_micro = 0;  // parameter bytes those fetches make available per micro-batch
   double fetch_fwd_frac = 0;       // share of those fetches (and of the exposed gathers) in the forward
-  double grad_hooks_micro = 0;     // hooked gradient reductions per micro-batch, one per tensor (DeepSpeed ZeRO 2-3; FSDP2 reducing each)
-  double grad_hooks_boundary = 0;  // hooked reductions on the last micro-batch only (DeepSpeed ZeRO 1; FSDP2 accumulating without sync)
+  double grad_hooks_micro = 0;     // hooked gradient reductions per micro-batch, one per tensor (DeepSpeed ZeRO 2-3)
+  double grad_hooks_boundary = 0;  // per-tensor host work once a step, in the last backward (DeepSpeed ZeRO 1, FSDP2)
   double post_step_gather_bytes = 0, post_step_gather_calls = 0;  // stage 1/2 updated params
   double gather_bus_factor = 0;     // (n-1)/n
   double link_bytes_per_s = 0;      // slowest link of the ring, before efficiency

@@ -16,8 +16,18 @@ toml::table TomlReader::parse(const std::string& text, const std::string& origin
   } catch (const toml::parse_error& err) {
     const auto& where = err.source().begin;
     std::ostringstream msg;
-    msg << origin << ":" << where.line << ":" << where.column
-        << ": malformed TOML: " << err.description();
+    msg << origin << ":" << where.line << ":" << where.column << ": malformed TOML: ";
+    // The parser quotes the character it saw, which may be a line break: one line, escaped.
+    for (const char ch : err.description()) {
+      if (ch == '\n')
+        msg << "\\n";
+      else if (ch == '\r')
+        msg << "\\r";
+      else if (static_cast<unsigned char>(ch) < 0x20)
+        msg << "\\x" << std::hex << static_cast<int>(ch) << std::dec;
+      else
+        msg << ch;
+    }
     throw InputError(msg.str());
   }
 }

@@ -146,19 +146,19 @@ TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time w
   CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 388.0);
   c.zero_stage = 0;
   CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
-  // FSDP2 (torch's foreach_reduce): accumulating without sync (GAS 2 here) it reduces on the
-  // last micro-batch only; reducing each micro-batch, and at GAS 1, on every one.
+  // FSDP2: one round of per-tensor host work a step, in a backward, whether it reduces after the
+  // last micro-batch (GAS 2 here), after each, or at GAS 1.
   c.zero_stage = 2;
   c.engine = Engine::kFsdp2;
-  CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
-  CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 388.0);
-  c.grad_sync_each_micro = true;
-  CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 388.0);
-  CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 0.0);
+  for (bool each : {false, true}) {
+    c.grad_sync_each_micro = each;
+    CHECK(make_features(pythia, hw, c).step.grad_hooks_micro == 0.0);
+    CHECK(make_features(pythia, hw, c).step.grad_hooks_boundary == 388.0);
+  }
   c.grad_sync_each_micro = false;
   c.gas = 1;
-  CHECK(make_features(llama, hw, c).step.grad_hooks_micro == 291.0);
-  CHECK(make_features(llama, hw, c).step.grad_hooks_boundary == 0.0);
+  CHECK(make_features(llama, hw, c).step.grad_hooks_micro == 0.0);
+  CHECK(make_features(llama, hw, c).step.grad_hooks_boundary == 291.0);
   c.gas = 2;
   c.engine = Engine::kDeepSpeed;
   c.zero_stage = 3;

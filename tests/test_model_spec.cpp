@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "model/toml_reader.h"
 #include "test_util.h"
 
 using namespace stepcast;
@@ -199,4 +200,17 @@ TEST_CASE("a calibrated [coefficients] section reads back as written") {
   CHECK(hw.max_micro_tokens == doctest::Approx(8192));
   // Written twice, the section is replaced, not appended.
   CHECK(with_calibrated_coefficients(written, c) == written);
+}
+
+TEST_CASE("a malformed TOML file is reported on one line, the parser's quoted character escaped") {
+  // toml++ quotes the character it saw; here a line break after the 'f' of a boolean.
+  try {
+    TomlReader::parse("a = f\nb = 1\n", "x.toml");
+    FAIL("parsed");
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.starts_with("x.toml:1:"));
+    CHECK(msg.find('\n') == std::string::npos);
+    CHECK(msg.find("malformed TOML") != std::string::npos);
+  }
 }
