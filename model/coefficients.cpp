@@ -49,7 +49,7 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // partition copy) runs on the launching thread too. On one H200 the stage-3 backward at
     // micro-batch 1 is 0.9 ms per module longer than the fetch alone explains for pythia-2.8b
     // (two tensors per module) and 0.8 ms for llama-2-7b (one): about 0.2 ms per tensor.
-    // FSDP2's post-backward reduce does the same kind of per-tensor work (foreach_reduce).
+    // FSDP2 spends host time of the same order per tensor once a step (step_features.cpp).
     {kGradHookOverheadS, "grad_hook_overhead_s", 0.0, 0.02, 2e-4, "s",
      "host time of a peer engine's gradient reduction hook on one parameter tensor (DeepSpeed stages 1-3, FSDP2)"},
     // DeepSpeed's ZeRO-3 forward on one H200 at micro-batch 1 spends, beyond its no-hook floor,
