@@ -38,9 +38,8 @@ def count_kernels(prof):
     return kernels, ops
 
 
-def profile_card(path, a):
-    card = read_card(path)
-    card = dict(card, num_layers=a.layers)
+def profile_card(path, a, layers):
+    card = dict(read_card(path), num_layers=layers)
     cfg = hf_config(card, "bf16")
     attn = a.attention or ("eager" if card["model_type"] == "gptj" else "sdpa")
     cfg.peer_attn = attn
@@ -78,7 +77,7 @@ def profile_card(path, a):
     model.zero_grad(set_to_none=True)
     kf, of = count_kernels(pf)
     kb, ob = count_kernels(pb)
-    return {"model": card["name"], "model_type": card["model_type"], "attention": attn, "layers": a.layers,
+    return {"model": card["name"], "model_type": card["model_type"], "attention": attn, "layers": layers,
             "micro_batch": a.micro_batch, "seq_len": a.seq,
             "fwd_ms": 1e3 * statistics.median(fwd), "bwd_ms": 1e3 * statistics.median(bwd),
             "kernels_fwd": kf, "kernels_bwd": kb, "ops_fwd": of, "ops_bwd": ob}
@@ -103,8 +102,7 @@ def main():
         for path in a.cards:
             rows = []
             for n in a.layers:
-                args = argparse.Namespace(**{**vars(a), "layers": n})
-                rows.append(profile_card(path, args))
+                rows.append(profile_card(path, a, n))
                 torch.cuda.empty_cache()
             lo, hi = rows
             d = hi["layers"] - lo["layers"]
@@ -113,7 +111,8 @@ def main():
                    "fwd_ms_per_layer": (hi["fwd_ms"] - lo["fwd_ms"]) / d, "bwd_ms_per_layer": (hi["bwd_ms"] - lo["bwd_ms"]) / d,
                    "kernels_fwd_per_layer": (hi["kernels_fwd"] - lo["kernels_fwd"]) / d,
                    "kernels_bwd_per_layer": (hi["kernels_bwd"] - lo["kernels_bwd"]) / d,
-                   "ops_fwd_per_layer": (hi["ops_fwd"] - lo["ops_fwd"]) / d, "env": env}
+                   "ops_fwd_per_layer": (hi["ops_fwd"] - lo["ops_fwd"]) / d,
+                   "ops_bwd_per_layer": (hi["ops_bwd"] - lo["ops_bwd"]) / d, "env": env}
             out.write(json.dumps(rec) + "\n")
             out.flush()
             print(f"host_profile: {rec['model']} ({rec['attention']}): fwd {rec['fwd_ms_per_layer']:.3f} ms, "
