@@ -91,7 +91,6 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
       throw InputError("--checkpointing \"" + f.checkpointing + "\" is not valid (valid: on, off)");
     c.activation_checkpointing = f.checkpointing == "on";
   }
-  c.checkpoint_block = true;  // what this backend does, whatever an older plan file says
   return c;
 }
 

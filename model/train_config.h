@@ -42,12 +42,6 @@ struct TrainConfig {
   int gpus_per_node = 1;
   int nodes = 1;
   bool activation_checkpointing = false;
-  // Checkpointing: whether every layer's saved input lives in one block allocated once (our
-  // backend since it was measured to help, backend/engine/engine.h) or each in an allocation of
-  // its own (the peers, torch.utils.checkpoint; our backend's records before the block). One at
-  // a time, the caching allocator leaves holes beside them that the recompute does not reuse
-  // (step_features.cpp). Records without the key read as separate allocations.
-  bool checkpoint_block = true;
   AttentionKind attention = AttentionKind::kFlash;
   // CPU optimizer offload: pipelined (the CPU updates each unit as soon as its
   // gradient shard lands, during the backward; Stepcast's backend) or serial

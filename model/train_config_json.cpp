@@ -29,8 +29,6 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   if (!c.cpu_bind) j["cpu_bind"] = false;
   if (c.engine != Engine::kStepcast) j["engine"] = engine_name(c.engine);
   if (c.grad_sync_each_micro) j["grad_sync_each_micro"] = true;
-  // Written for every checkpointed run of our backend: records without it came before the block.
-  if (c.activation_checkpointing && c.engine == Engine::kStepcast) j["checkpoint_block"] = c.checkpoint_block;
   if (c.peft_enabled()) {
     j["peft"] = peft_name(c.peft);
     j["lora_rank"] = c.lora_rank;
@@ -93,7 +91,6 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     c.cpu_bind = boolean_key(j, "cpu_bind", where, true, false);
     if (j.contains("engine")) c.engine = parse_engine(j.at("engine").get<std::string>(), where + ".engine");
     c.grad_sync_each_micro = boolean_key(j, "grad_sync_each_micro", where, false, false);
-    c.checkpoint_block = boolean_key(j, "checkpoint_block", where, false, false);  // absent before the block
     if (j.contains("peft")) {
       c.peft = parse_peft(j.at("peft").get<std::string>(), where + ".peft");
       if (c.peft_enabled()) {
@@ -130,7 +127,6 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          offload_name(c.offload_params) + " " + optimizer_name(c.optimizer) + " " + precision_name(c.precision) +
          " mb" + std::to_string(c.micro_batch) + " gas" + std::to_string(c.gas) + " seq" +
          std::to_string(c.seq_len) + " ckpt=" + (c.activation_checkpointing ? "1" : "0") +
-         (c.activation_checkpointing && c.checkpoint_block && c.engine == Engine::kStepcast ? " block" : "") +
          (c.offload_optimizer == OffloadDevice::kCpu && !c.offload_pipeline ? " serial" : "") +
          (c.offload_overlap_forward ? " overlap-fwd" : "") + (c.split_master ? "" : " split=off") +
          (c.cpu_simd == CpuSimd::kAuto ? "" : std::string(" simd=") + cpu_simd_name(c.cpu_simd)) +

@@ -430,21 +430,6 @@ ZeroEngine::StepMarks ZeroEngine::begin_step() {
   return marks;
 }
 
-// A layer's output copied into its slot of the checkpoint block (allocated at the first layer of
-// a new shape); the backward of the micro-batch before has released every slot by then.
-torch::Tensor ZeroEngine::checkpoint_slot(int64_t slot, const torch::Tensor& out) {
-  const int64_t layers = spec_.num_layers;
-  std::vector<int64_t> shape{layers};
-  for (int64_t d : out.sizes()) shape.push_back(d);
-  if (!checkpoints_.defined() || checkpoints_.sizes() != c10::IntArrayRef(shape) ||
-      checkpoints_.scalar_type() != out.scalar_type()) {
-    checkpoints_ = torch::Tensor();  // the old block goes back first
-    checkpoints_ = torch::empty(shape, out.options());
-  }
-  STEPCAST_ASSERT(slot < layers);
-  return checkpoints_[slot].copy_(out);
-}
-
 // Forward, unit by unit; each unit's input is a leaf so that its backward can run on its own.
 std::vector<ZeroEngine::Saved> ZeroEngine::forward(const torch::Tensor& batch, bool first_micro, StepMarks& marks) {
   const size_t n_units = units_.size();
@@ -452,7 +437,6 @@ std::vector<ZeroEngine::Saved> ZeroEngine::forward(const torch::Tensor& batch, b
   const torch::Tensor tokens = batch.narrow(1, 0, s), targets = batch.narrow(1, 1, s);
   std::vector<Saved> saved(n_units);
   torch::Tensor x;
-  int64_t layer_slot = 0;
   for (size_t i = 0; i < n_units; ++i) {
     if (marks.awaiting_uploads && first_micro) {
       const int a = rt_.mark();
@@ -477,7 +461,7 @@ std::vector<ZeroEngine::Saved> ZeroEngine::forward(const torch::Tensor& batch, b
       } else if (cfg_.activation_checkpointing) {
         torch::NoGradGuard no_grad;
         seed_dropout(i);
-        saved[i].out = checkpoint_slot(layer_slot++, model_.layer(p, saved[i].x_in));
+        saved[i].out = model_.layer(p, saved[i].x_in);
       } else {
         seed_dropout(i);
         saved[i].out = model_.layer(p, saved[i].x_in);

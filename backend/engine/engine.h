@@ -188,7 +188,6 @@ class ZeroEngine {
   // The step's phases (train_step).
   StepMarks begin_step();
   std::vector<Saved> forward(const torch::Tensor& batch, bool first_micro, StepMarks& marks);
-  torch::Tensor checkpoint_slot(int64_t slot, const torch::Tensor& out);
   void backward(std::vector<Saved>& saved, bool boundary, StepMarks& marks);
   void optimizer_phase(StepMarks& marks);
   StepTiming step_timing(const StepMarks& marks);
@@ -213,11 +212,6 @@ class ZeroEngine {
   std::vector<UnitLayout> layout_;       // the trainable units: base_layout_, or with PEFT the adapters
   std::vector<Unit> units_;
   int64_t micro_ = 0;                    // the micro-batch being run (dropout's seed)
-  // Checkpointing: every layer's output of a micro-batch in one block, kept from step to step.
-  // Each output allocated on its own lands after the layer's transients in the caching
-  // allocator's segments, and the holes those leave are not reused by the recompute: measured on
-  // one H200, the reserve above the peak allocated was as large as all the checkpoints together.
-  torch::Tensor checkpoints_;
   std::deque<Pending> pending_;
   kernels::AdamWArgs step_args_;
   torch::ScalarType work_dtype_;
