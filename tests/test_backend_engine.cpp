@@ -161,8 +161,22 @@ TEST_CASE("LoRA and QLoRA: stages 1-3, with and without CPU offload, equal stage
         const fs::path out = tmpdir() / "lora_params.pt";
         REQUIRE(train(common + " --stage " + std::to_string(stage) + " --offload-optimizer " + offload +
                       " --dump-params " + out.string()) == 0);
-        CHECK(rel_error(load_params(out), reference) < g_tol);
+        // With GAS 2, stages 2-3 add the micro-batches' gradients after reducing each, stages 0-1
+        // before the one reduce: the sums round differently, and Adam's step divides the adapters'
+        // small first gradients by their own scale, which magnifies it (measured: LoRA 1.6e-6,
+        // QLoRA 3.5e-6 to 4.2e-5 as the forward's rounding changes). With one micro-batch the
+        // order is the same and every stage must give stage 0's adapters bit for bit (below).
+        CHECK(rel_error(load_params(out), reference) < 1e-4);
       }
+    const std::string one = std::string(kBase) + ranks() + " --gas 1 --lr 1e-2 --peft " + peft +
+                            " --lora-rank 4 --lora-alpha 8";
+    const fs::path ref1 = tmpdir() / "lora_gas1_stage0.pt", out1 = tmpdir() / "lora_gas1.pt";
+    REQUIRE(train(one + " --stage 0 --dump-params " + ref1.string()) == 0);
+    for (int stage = 1; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      REQUIRE(train(one + " --stage " + std::to_string(stage) + " --dump-params " + out1.string()) == 0);
+      CHECK(torch::equal(load_params(out1), load_params(ref1)));
+    }
   }
 }
 
