@@ -59,24 +59,20 @@ torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, co
     const torch::Tensor a_in = lora_.dropout > 0.0 ? torch::dropout(x, lora_.dropout, /*train=*/true) : x;
     const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);  // (..., S r)
     const torch::Tensor& b = p[stem + ".lora_b"];
-    // y += scale * low B^T, written into y by the GEMM itself (beta 1, alpha = scale): no
-    // temporary of y's size, no separate scale and add passes. Fused projections: segment s of
-    // the output from its own rank-r slice of `low`.
-    const torch::Tensor y2 = y.view({-1, y.size(-1)});
-    const torch::Tensor low2 = low.reshape({-1, low.size(-1)});
+    torch::Tensor delta;
     const LayerProjection* fused = find_projection(projections_, stem);
     if (fused != nullptr && fused->part_rows.size() > 1) {
+      // Fused projections: segment s of the output from its own rank-r slice of `low`.
       const std::vector<int64_t>& rows = fused->part_rows;
-      const auto lows = low2.chunk(static_cast<int64_t>(rows.size()), -1);
+      const auto lows = low.chunk(static_cast<int64_t>(rows.size()), -1);
       const auto bs = b.split_with_sizes(rows, 0);
-      int64_t offset = 0;
-      for (size_t k = 0; k < rows.size(); ++k) {
-        y2.narrow(1, offset, rows[k]).addmm_(lows[k], bs[k].t(), 1.0, lora_.scale);
-        offset += rows[k];
-      }
+      std::vector<torch::Tensor> parts;
+      for (size_t k = 0; k < rows.size(); ++k) parts.push_back(torch::nn::functional::linear(lows[k], bs[k]));
+      delta = torch::cat(parts, -1);
     } else {
-      y2.addmm_(low2, b.t(), 1.0, lora_.scale);
+      delta = torch::nn::functional::linear(low, b);
     }
+    y = y + delta * lora_.scale;
   }
   return y;
 }
