@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/join.h"
 #include "common/text_file.h"
 #include "common/units.h"
 #include "model/toml_reader.h"
@@ -169,15 +170,14 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       const std::string type(key.str());
       if (type == "source") continue;
       if (std::find(kPeerModelTypes.begin(), kPeerModelTypes.end(), type) == kPeerModelTypes.end()) {
-        std::string valid;
-        for (const auto& v : kPeerModelTypes) valid += (valid.empty() ? "" : ", ") + std::string(v);
-        throw InputError(origin + ": key '" + t->key_path(type) + "' is not a model_type the peers run (valid: " + valid +
-                         ", source)");
+        throw InputError(origin + ": key '" + t->key_path(type) + "' is not a model_type the peers run (valid: " +
+                         join_names(kPeerModelTypes) + ", source)");
       }
       const TomlReader c = t->subtable(type);
       c.reject_unknown_keys({"fwd_s", "bwd_s"});
       hw.host.transformers_layer_s[type] = {c.get_double("fwd_s", 0.0, 0.1), c.get_double("bwd_s", 0.0, 0.1)};
     }
+    relate_layer_costs(hw.host);
   }
 
   TomlReader l = r.subtable("links");
@@ -257,10 +257,8 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       }
       auto id = coef_by_name(name);
       if (!id) {
-        std::string valid;
-        for (const auto& info : coef_table()) valid += (valid.empty() ? "" : ", ") + std::string(info.name);
-        throw InputError(origin + ": key 'coefficients." + name +
-                         "' is not a cost-model coefficient (valid: " + valid + ")");
+        throw InputError(origin + ": key 'coefficients." + name + "' is not a cost-model coefficient (valid: " +
+                         join_names(coef_table(), [](const auto& info) { return info.name; }) + ")");
       }
       const CoefInfo& info = coef_table()[*id];
       hw.coefs[*id] = c->get_double(name, info.lower, info.upper);
@@ -329,10 +327,8 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         }
         const auto id = coef_by_name(name);
         if (!id || !is_engine_coef(*id)) {
-          std::string valid;
-          for (Coef c : engine_coefs()) valid += (valid.empty() ? "" : ", ") + std::string(coef_table()[c].name);
           throw InputError(origin + ": key 'engines." + engine + "." + name + "' is not an engine coefficient (valid: " +
-                           valid + ")");
+                           join_names(engine_coefs(), [](Coef c) { return coef_table()[c].name; }) + ")");
         }
         const CoefInfo& info = coef_table()[*id];
         sec.values[*id] = e.get_double(name, info.lower, info.upper);
@@ -429,12 +425,26 @@ void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref) {
       if (!is_memory_coef(c)) t.values[c] = v;
     hw.engines[engine] = t;
   }
-  // The peers' per-layer host cost belongs to a host, not a GPU; a profile without its own takes
-  // the reference's, the one measured host cost there is.
-  if (hw.host.transformers_layer_s.empty() && !ref.host.transformers_layer_s.empty()) {
-    hw.host.transformers_layer_s = ref.host.transformers_layer_s;
-    hw.host.transformers_layer_source = "transferred from " + ref.name + ": " + ref.host.transformers_layer_source;
+}
+
+void transfer_host_profile(HardwareProfile& hw, const HardwareProfile& ref) {
+  if (!hw.host.transformers_layer_s.empty() || ref.host.transformers_layer_s.empty()) return;
+  hw.host.transformers_layer_s = ref.host.transformers_layer_s;
+  hw.host.transformers_layer_source = "transferred from " + ref.name + ": " + ref.host.transformers_layer_source;
+  relate_layer_costs(hw.host);
+}
+
+void relate_layer_costs(HostSpec& host) {
+  host.transformers_layer_rel.clear();
+  const auto& costs = host.transformers_layer_s;
+  if (costs.empty()) return;
+  double mean_fwd_s = 0, mean_bwd_s = 0;
+  for (const auto& [type, cost] : costs) {
+    mean_fwd_s += cost.fwd_s / static_cast<double>(costs.size());
+    mean_bwd_s += cost.bwd_s / static_cast<double>(costs.size());
   }
+  for (const auto& [type, cost] : costs)
+    host.transformers_layer_rel[type] = {cost.fwd_s / mean_fwd_s, cost.bwd_s / mean_bwd_s};
 }
 
 HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_dir) {
@@ -451,13 +461,13 @@ HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_d
       if (hw.engines_from == name || !fs::exists(ref_file, ec))
         throw InputError(file.string() + ": key 'coefficients.engines_from' = \"" + hw.engines_from +
                          "\" names no other profile in " + (data_dir / "hardware").string());
-      transfer_engine_sections(hw, load_hardware_profile(ref_file));
+      const HardwareProfile ref = load_hardware_profile(ref_file);
+      transfer_engine_sections(hw, ref);
+      transfer_host_profile(hw, ref);
     }
     return hw;
   }
-  std::string known;
-  for (const auto& n : list_hardware(data_dir)) known += (known.empty() ? "" : ", ") + n;
-  throw InputError("unknown hardware '" + name + "' (known: " + known + ")");
+  throw InputError("unknown hardware '" + name + "' (known: " + join_names(list_hardware(data_dir)) + ")");
 }
 
 std::string with_calibrated_coefficients(const std::string& profile_text, const CalibratedCoefficients& c) {

@@ -54,7 +54,16 @@ struct HostSpec {
   };
   std::map<std::string, LayerHostCost> transformers_layer_s;
   std::string transformers_layer_source;
+  // Each family's cost relative to the mean over the profiled families (relate_layer_costs):
+  // what a peer's fitted per-layer host time is multiplied by for that family.
+  struct LayerHostRel {
+    double fwd_rel = 1, bwd_rel = 1;
+  };
+  std::map<std::string, LayerHostRel> transformers_layer_rel;
 };
+
+// Fills host.transformers_layer_rel from host.transformers_layer_s.
+void relate_layer_costs(HostSpec& host);
 
 struct LinkSpec {
   std::string intra_node;                     // "nvlink" or "pcie"
@@ -201,9 +210,13 @@ std::vector<std::string> list_hardware(const std::filesystem::path& data_dir);
 // they belong to the model implementation a source ran, which another team's runs do not share.
 void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref);
 
+// The peers' per-layer host cost belongs to a host, not a GPU: a profile without its own table
+// takes `ref`'s, the one measured host cost there is, marked transferred.
+void transfer_host_profile(HardwareProfile& hw, const HardwareProfile& ref);
+
 // A profile name from the catalog or a path to a .toml file; unknown names list the known ones.
 // A catalog profile with [coefficients] engines_from takes that profile's engine sections
-// (transfer_engine_sections).
+// (transfer_engine_sections) and, lacking its own, its host profile (transfer_host_profile).
 HardwareProfile resolve_hardware(const std::string& name_or_path,
                                  const std::filesystem::path& data_dir);
 

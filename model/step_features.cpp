@@ -318,16 +318,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.num_layers = L;
   // The family's host time relative to the profiled families' mean: what separates GPT-J's
   // eager attention (2.97 ms a layer forward on the H200's host) from pythia's (1.27 ms).
-  const auto& impl = hw.host.transformers_layer_s;
-  if (c.engine != Engine::kStepcast && !impl.empty()) {
-    if (const auto it = impl.find(spec.model_type); it != impl.end()) {
-      double mean_fwd_s = 0, mean_bwd_s = 0;
-      for (const auto& [type, cost] : impl) {
-        mean_fwd_s += cost.fwd_s / static_cast<double>(impl.size());
-        mean_bwd_s += cost.bwd_s / static_cast<double>(impl.size());
-      }
-      f.impl_host_fwd_rel = it->second.fwd_s / mean_fwd_s;
-      f.impl_host_bwd_rel = it->second.bwd_s / mean_bwd_s;
+  const auto& rel = hw.host.transformers_layer_rel;
+  if (c.engine != Engine::kStepcast) {
+    if (const auto it = rel.find(spec.model_type); it != rel.end()) {
+      f.impl_host_fwd_rel = it->second.fwd_rel;
+      f.impl_host_bwd_rel = it->second.bwd_rel;
     }
   }
   f.recompute = c.activation_checkpointing ? 1.0 : 0.0;

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/join.h"
 
 namespace stepcast {
 
@@ -174,9 +175,7 @@ void TomlReader::reject_unknown_keys(const std::set<std::string>& allowed) const
   for (const auto& [key, node] : table_) {
     std::string name(key.str());
     if (!allowed.count(name)) {
-      std::string valid;
-      for (const auto& a : allowed) valid += (valid.empty() ? "" : ", ") + a;
-      fail(name, "is not a known key (valid: " + valid + ")");
+      fail(name, "is not a known key (valid: " + join_names(allowed) + ")");
     }
   }
 }

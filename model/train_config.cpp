@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/join.h"
 
 namespace stepcast {
 
@@ -36,12 +37,10 @@ const char* spelling(const Spellings<E>& table, E value) {
 // what it says the text is not ("is not valid", "is not an optimizer").
 template <class E>
 E parse_spelling(const Spellings<E>& table, const std::string& text, const std::string& head, const char* is_not) {
-  std::string valid;
-  for (const auto& [v, name] : table) {
+  for (const auto& [v, name] : table)
     if (text == name) return v;
-    valid += (valid.empty() ? "" : ", ") + std::string(name);
-  }
-  throw InputError(head + "\"" + text + "\" " + is_not + " (valid: " + valid + ")");
+  throw InputError(head + "\"" + text + "\" " + is_not +
+                   " (valid: " + join_names(table, [](const auto& entry) { return entry.second; }) + ")");
 }
 
 }  // namespace

@@ -774,6 +774,8 @@ TEST_CASE("the peers' per-layer host cost: transformers' profile, relative by fa
   const HardwareProfile a100 = hardware("a100-80gb-sxm");
   CHECK(a100.host.transformers_layer_s.size() == hw.host.transformers_layer_s.size());
   CHECK(a100.host.transformers_layer_source.starts_with("transferred from h200-sxm"));
+  CHECK(a100.host.transformers_layer_rel.at("llama").fwd_rel == hw.host.transformers_layer_rel.at("llama").fwd_rel);
+  CHECK(test::close(two.host.transformers_layer_rel.at("gpt_neox").bwd_rel, 0.5, 1e-12));
   // Bad input names the file and the key.
   const auto parse_with = [&](const std::string& t) { return parse_hardware_profile(text.substr(0, from) + t + text.substr(to), "t.toml"); };
   CHECK_THROWS_WITH_AS(parse_with("[host.transformers_layer_s]\nsource = \"x\"\nbloom = { fwd_s = 1e-3, bwd_s = 1e-3 }\n"),

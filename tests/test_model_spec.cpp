@@ -4,8 +4,11 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "common/errors.h"
+#include "common/join.h"
 #include "model/toml_reader.h"
 #include "test_util.h"
 
@@ -213,4 +216,12 @@ TEST_CASE("a malformed TOML file is reported on one line, the parser's quoted ch
     CHECK(msg.find('\n') == std::string::npos);
     CHECK(msg.find("malformed TOML") != std::string::npos);
   }
+}
+
+TEST_CASE("the valid-value lists of error messages: elements joined by a comma and a space") {
+  CHECK(join_names(std::vector<std::string>{}).empty());
+  CHECK(join_names(std::vector<std::string>{"avx2"}) == "avx2");
+  CHECK(join_names(std::vector<std::string>{"none", "cpu"}) == "none, cpu");
+  const std::vector<std::pair<int, const char*>> table = {{0, "flash"}, {1, "math"}};
+  CHECK(join_names(table, [](const auto& e) { return e.second; }) == "flash, math");
 }
