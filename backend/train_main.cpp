@@ -269,7 +269,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
     }
     const double tps = tokens_per_step / r.time.step_s;
     const double mfu_frac = hw ? mfu(tps, flops_per_token, rv.world, hw->gpu.peak_flops_per_s(cfg.precision)) : 0.0;
-    const double peak = rt->peak_allocated_bytes(), reserved = rt->peak_reserved_bytes();
+    const double peak = r.memory.gpu_peak_allocated_bytes(), reserved = r.memory.gpu_peak_reserved_bytes;
     if (lead && !f.quiet) {
       std::printf("%5lld %9.4f %9.3f %9s %9.3f %10.0f %6s %9s %9s %9.1f\n", static_cast<long long>(r.step), r.loss,
                   r.time.step_s, cfg.gas > 1 ? std::to_string(r.time.gas_s).substr(0, 7).c_str() : "n/a", r.time.opt_s, tps,
@@ -296,6 +296,9 @@ int run_rank(const Flags& f, const CLI::App& app) {
       j["throughput"] = {{"tokens_per_s", tps}, {"world_samples_per_s", tps / cfg.seq_len},
                          {"rank_samples_per_s", tps / cfg.seq_len / rv.world}, {"mfu", mfu_frac}};
       j["memory_bytes"] = {{"gpu_peak_allocated", peak}, {"gpu_peak_reserved", reserved},
+                           {"gpu_peak_allocated_forward", r.memory.gpu_peak_allocated_forward_bytes},
+                           {"gpu_peak_allocated_backward", r.memory.gpu_peak_allocated_backward_bytes},
+                           {"gpu_peak_allocated_optimizer", r.memory.gpu_peak_allocated_optimizer_bytes},
                            {"host_rss", host_rss_bytes()}, {"host_peak_rss", host_peak_rss_bytes()}};
       if (pred) {
         j["predicted"] = {{"hardware", hw->name}, {"calibrated", hw->coefs_calibrated},

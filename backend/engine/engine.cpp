@@ -380,6 +380,15 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   STEPCAST_ASSERT(static_cast<int64_t>(micro_batches.size()) == cfg_.gas);
   ++step_;
   StepMarks marks = begin_step();
+  // The allocator's statistics move as operations are issued on this thread, so the phases'
+  // peaks are read where each phase's work has been issued; reserved is read before each reset.
+  StepMemory mem;
+  const auto phase_peak = [&](double& peak_bytes) {
+    peak_bytes = std::max(peak_bytes, rt_.peak_allocated_bytes());
+    mem.gpu_peak_reserved_bytes = std::max(mem.gpu_peak_reserved_bytes, rt_.peak_reserved_bytes());
+    rt_.reset_peak();
+  };
+  rt_.reset_peak();
   torch::Tensor loss_sum = torch::zeros({1}, torch::dtype(torch::kFloat).device(rt_.device()));
   for (int64_t mb = 0; mb < cfg_.gas; ++mb) {
     micro_ = mb;
@@ -390,8 +399,10 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
     std::vector<Saved> saved = forward(micro_batches[static_cast<size_t>(mb)], mb == 0, marks);
     loss_sum += saved.back().out.detach();
     mm.fwd_end = rt_.mark();
+    phase_peak(mem.gpu_peak_allocated_forward_bytes);
     backward(saved, boundary, marks);
     mm.bwd_end = rt_.mark();
+    phase_peak(mem.gpu_peak_allocated_backward_bytes);
     rt_.compute_waits_for_comm();
     mm.comm_done = rt_.mark();
     drain_pending(0);
@@ -404,8 +415,10 @@ StepResult ZeroEngine::train_step(const std::vector<torch::Tensor>& micro_batche
   comm_.all_reduce_sum(loss_sum);
   rt_.compute_waits_for_comm();
   rt_.synchronize();
+  phase_peak(mem.gpu_peak_allocated_optimizer_bytes);
   StepResult r;
   r.step = step_;
+  r.memory = mem;
   r.loss = loss_sum.item<double>() / static_cast<double>(cfg_.gas * world_);
   r.time = step_timing(marks);
   if (!std::isfinite(r.loss)) throw NonFiniteLossError(step_, r.loss);

@@ -35,6 +35,7 @@
 // keep 32-bit states (the layout puts them last in each unit).
 #pragma once
 
+#include <algorithm>
 #include <torch/torch.h>
 
 #include <array>
@@ -83,10 +84,24 @@ struct StepTiming {
   double optimizer_cpu_s = 0;  // offload: the CPU optimizer's own time, hidden or not
 };
 
+// The device allocator's peak allocated bytes in each phase of the step (the largest over
+// micro-batches), and its peak reserved bytes over the step: where a step's memory peaks, which
+// the cost model's live-tensor count is checked against (0 on the CPU runtime).
+struct StepMemory {
+  double gpu_peak_allocated_forward_bytes = 0, gpu_peak_allocated_backward_bytes = 0;
+  double gpu_peak_allocated_optimizer_bytes = 0;
+  double gpu_peak_reserved_bytes = 0;
+  double gpu_peak_allocated_bytes() const {
+    return std::max({gpu_peak_allocated_forward_bytes, gpu_peak_allocated_backward_bytes,
+                     gpu_peak_allocated_optimizer_bytes});
+  }
+};
+
 struct StepResult {
   int64_t step = 0;
   double loss = 0;  // mean over micro-batches and ranks
   StepTiming time;
+  StepMemory memory;
 };
 
 class ZeroEngine {
