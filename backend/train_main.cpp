@@ -259,8 +259,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
       std::fflush(stderr);
       std::_Exit(7);  // abrupt, as a crashed rank: no destructors, no goodbye to the other ranks
     }
-    rt->reset_peak();
-    StepResult r;
+    StepResult r;  // its memory peaks are the step's own: train_step resets the allocator's
     try {
       r = engine->train_step(micro);
     } catch (const c10::Error& e) {

@@ -35,9 +35,9 @@
 // keep 32-bit states (the layout puts them last in each unit).
 #pragma once
 
-#include <algorithm>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <memory>
