@@ -49,6 +49,7 @@ struct Flags {
   int64_t micro_batch = 1, gas = 1, seq = 2048, steps = 10, warmup = 2;
   int cpu_threads = 0;
   double lr = 3e-4, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95;
+  double gpu_mem_limit_gib = 0;  // 0: the whole device
   uint64_t seed = 1234;
   bool quiet = false;
   bool dry_run = false;
@@ -119,6 +120,8 @@ void check_run_flags(const Flags& f) {
   if (!(std::isfinite(f.lr) && f.lr >= 0)) throw InputError("--lr " + std::to_string(f.lr) + " must be a non-negative number");
   if (!(std::isfinite(f.weight_decay) && f.weight_decay >= 0))
     throw InputError("--weight-decay " + std::to_string(f.weight_decay) + " must be a non-negative number");
+  if (!(std::isfinite(f.gpu_mem_limit_gib) && f.gpu_mem_limit_gib >= 0))
+    throw InputError("--gpu-mem-limit-gib " + std::to_string(f.gpu_mem_limit_gib) + " must be a positive number of GiB");
 }
 
 // On the CPU runtime every rank's states, gradients and activations live in host memory:
@@ -167,6 +170,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
   select_simd(cfg.cpu_simd);
   const int share = physical_cores(host_cpus, rank_cores);
   std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
+  if (f.gpu_mem_limit_gib != 0) rt->limit_memory(f.gpu_mem_limit_gib * kBytesPerGiB);
   at::set_num_threads(share);
   set_cpu_threads(f.cpu_threads > 0 ? f.cpu_threads : std::max(1, share > 2 ? share - 1 : share));
 
@@ -299,6 +303,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
                            {"gpu_peak_allocated_backward", r.memory.gpu_peak_allocated_backward_bytes},
                            {"gpu_peak_allocated_optimizer", r.memory.gpu_peak_allocated_optimizer_bytes},
                            {"host_rss", host_rss_bytes()}, {"host_peak_rss", host_peak_rss_bytes()}};
+      if (f.gpu_mem_limit_gib != 0) j["memory_bytes"]["gpu_limit"] = f.gpu_mem_limit_gib * kBytesPerGiB;
       if (pred) {
         j["predicted"] = {{"hardware", hw->name}, {"calibrated", hw->coefs_calibrated},
                           {"step_s", pred->time.step_s}, {"tokens_per_s", pred->throughput.tokens_per_s},
@@ -367,6 +372,9 @@ int main_impl(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--nproc", f.nproc, "ranks to start on this host (one per GPU, or CPU processes with Gloo)")->capture_default_str();
   app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
+  app.add_option("--gpu-mem-limit-gib", f.gpu_mem_limit_gib,
+                 "emulate a smaller GPU: the caching allocator holds at most this much per device (it frees its "
+                 "cache and retries before it fails); recorded in the run record (memory_bytes.gpu_limit)");
   app.add_option("--data", f.data, "a text file (byte-level tokens); random tokens when absent");
   app.add_option("--save", f.save, "write a checkpoint to this folder at the end");
   app.add_option("--resume", f.resume, "continue from a checkpoint folder");

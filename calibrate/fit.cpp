@@ -28,9 +28,9 @@ Scales coef_scales() {
   return s;
 }
 
-// One run: up to five residuals (step, forward, backward, optimizer, memory).
+// One run: up to six residuals (step, forward, backward, optimizer, peak reserved, peak allocated).
 struct RunResidual {
-  static constexpr int kResiduals = 5;
+  static constexpr int kResiduals = 6;
   RunResidual(const Observation& o, const FitOptions& opt, const Scales& sc) : obs_(o), opt_(opt), scales_(sc) {}
 
   template <class T>
@@ -46,6 +46,7 @@ struct RunResidual {
     r[2] = log_ratio(ph.backward_s, obs_.backward_s, opt_.sigma_phase);
     r[3] = log_ratio(ph.optimizer_s, obs_.optimizer_s, opt_.sigma_phase);
     r[4] = log_ratio(m.gpu_total_bytes, obs_.gpu_memory_bytes, opt_.sigma_memory);
+    r[5] = log_ratio(m.gpu_allocated_bytes, obs_.gpu_allocated_bytes, opt_.sigma_memory);
     return true;
   }
 
@@ -112,6 +113,7 @@ Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
   o.backward_s = r.backward_s;
   o.optimizer_s = r.optimizer_total_s;
   o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
+  if (r.config.engine == Engine::kStepcast) o.gpu_allocated_bytes = r.gpu_peak_allocated_bytes;
   o.peer_phases = r.config.engine != Engine::kStepcast;
   return o;
 }
@@ -119,7 +121,8 @@ Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
 std::vector<Coef> default_free_coefs() {
   return {kGemmEffMaxFrac, kGemmHalfDim,         kBackwardSlowdownMult, kElementwiseTrafficMult,
           kLayerOverheadS, kGpuOptBwEffFrac,     kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,
-          kActBytesMult,   kGpuWorkspaceBytes,   kCollLatencyS,         kCpuOptOverlapFrac,
+          kActBytesMult,   kGpuWorkspaceBytes,   kGpuFragFrac,          kCkptReserveMult,
+          kCollLatencyS,   kCpuOptOverlapFrac,
           kCpuLaneFlopsPerS, kHostLayerFwdS,     kHostLayerBwdS,       kLossExtraBytesPerLogit};
 }
 
@@ -327,7 +330,7 @@ std::vector<Coef> engine_free_coefs() {
   return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kGradHookOverheadS, kParamFetchBytesPerS,
           kHostLayerFwdS,        kHostLayerBwdS,           kPcieEffFrac,
           kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kHostCopyBytesPerSPerThread, kCpuCoreBytesPerSPerLane,
-          kCpuOptStepOverheadS,  kGpuFragFrac,             kActBytesMult,      kLossExtraBytesPerLogit,
+          kCpuOptStepOverheadS,  kGpuFragFrac,             kCkptReserveMult,   kActBytesMult,      kLossExtraBytesPerLogit,
           kGpuWorkspaceBytes,    kGpuOptBwEffFrac};
 }
 

@@ -23,6 +23,10 @@ struct Observation {
   Features features;
   // Measured; a value <= 0 means "not measured" and adds no residual.
   double step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, gpu_memory_bytes = 0;
+  // The caching allocator's peak allocated, fitted beside the peak reserved where the features
+  // count real allocations: our backend's runs. A peer's static terms hold its allocator's
+  // reserve too (step_features.cpp: DeepSpeed's ZeRO-1/2 partition buffers), so its runs leave it 0.
+  double gpu_allocated_bytes = 0;
   bool peer_phases = false;  // timed by a peer engine's harness (step_time.h timed_phases)
 };
 

@@ -26,6 +26,7 @@ struct RunRecord {
          offload_transfer_s = 0, optimizer_s = 0;
   double optimizer_total_s = 0;  // the optimizer's own time: with CPU offload, hidden or not
   double gpu_peak_reserved_bytes = 0;
+  double gpu_peak_allocated_bytes = 0;  // 0: not in the records
   double tokens_per_s = 0;
 };
 

@@ -143,11 +143,17 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     {kGpuWorkspaceBytes, "gpu_workspace_bytes", 0.0, 16e9, 1.5e9, "B",
      "CUDA context, library workspaces and allocator reserve per GPU"},
     {kGpuFragFrac, "gpu_frag_frac", 0.0, 1.0, 0.10, "1",
-     "caching-allocator fragmentation on activations and temporaries"},
+     "caching-allocator reserve above the peak allocated, per byte of activations and temporaries"},
+    // Checkpointed runs of our backend reserve about the checkpoints' bytes again above their
+    // peak allocated (llama-2-7b at micro-batch 8 / 16 / 24: 4.3 / 8.7 / 12.9 GiB for 4 / 8 / 12
+    // GiB of checkpoints; docs/peft.md): one byte per byte.
+    {kCkptReserveMult, "ckpt_reserve_mult", 0.0, 3.0, 1.0, "1",
+     "caching-allocator reserve above the peak allocated, per byte of checkpointed layer inputs"},
     {kActBytesMult, "act_bytes_mult", 0.2, 5.0, 1.0, "1",
      "saved activations relative to the analytic count"},
     // bf16 logits are followed by an fp32 log-softmax kept for backward (4 B)
-    // and its fp32 gradient (4 B).
+    // and its fp32 gradient (4 B); the fp32 copy the loss takes of 16-bit logits (4 B) is
+    // counted here too, and is absent for fp32 logits (MemoryFeatures::loss_copy_absent_bytes).
     {kLossExtraBytesPerLogit, "loss_extra_bytes_per_logit", 0.0, 32.0, 8.0, "B",
      "bytes per logit held at the loss beyond the logits themselves"},
     {kHostBytesPerRank, "host_bytes_per_rank", 0.0, 64e9, 4e9, "B",
@@ -169,8 +175,8 @@ CoefVector default_coefs() {
 }
 
 bool is_memory_coef(Coef c) {
-  return c == kGpuWorkspaceBytes || c == kGpuFragFrac || c == kActBytesMult || c == kLossExtraBytesPerLogit ||
-         c == kHostBytesPerRank;
+  return c == kGpuWorkspaceBytes || c == kGpuFragFrac || c == kCkptReserveMult || c == kActBytesMult ||
+         c == kLossExtraBytesPerLogit || c == kHostBytesPerRank;
 }
 
 const std::vector<Coef>& engine_coefs() {
@@ -179,8 +185,8 @@ const std::vector<Coef>& engine_coefs() {
       kHostLayerBwdS,        kGradCommOverlapFrac,
       kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kStagedCopyBytesPerS, kHostCopyBytesPerSPerThread, kGpuOptBwEffFrac,
       kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,
-      kGpuWorkspaceBytes,    kGpuFragFrac,            kActBytesMult,      kLossExtraBytesPerLogit,
-      kHostBytesPerRank};
+      kGpuWorkspaceBytes,    kGpuFragFrac,            kCkptReserveMult,   kActBytesMult,
+      kLossExtraBytesPerLogit, kHostBytesPerRank};
   return kEngine;
 }
 

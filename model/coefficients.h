@@ -53,7 +53,8 @@ enum Coef : int {
   kCpuOptStepOverheadS,      // fixed time of one CPU optimizer step (thread wake-up, sync)
   // --- memory ---------------------------------------------------------------
   kGpuWorkspaceBytes,        // CUDA context, cuBLAS/NCCL workspaces, allocator reserve
-  kGpuFragFrac,              // caching-allocator fragmentation on dynamic allocations
+  kGpuFragFrac,              // caching-allocator reserve above the peak, per byte of activations and temporaries
+  kCkptReserveMult,          // caching-allocator reserve above the peak, per byte of checkpointed layer inputs
   kActBytesMult,             // saved activations relative to the analytic count
   kLossExtraBytesPerLogit,   // bytes per logit beyond the logits themselves (fp32 log-softmax, grad)
   kHostBytesPerRank,         // host memory of one rank process beyond its buffers

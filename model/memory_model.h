@@ -1,10 +1,16 @@
 // The memory model, per rank on the GPU and per node on the host: templated
 // on the scalar type like step_time.h, over the same coefficient vector.
-//   GPU peak = parameters + gradients + optimizer states + buffers      (static)
-//            + (activations + logits and loss buffers) x (1 + fragmentation)
-//            + workspace (CUDA context, library workspaces)
-//   host     = ranks per node x (offloaded states, gradient accumulators,
-//              offloaded parameters, pinned buffers, process overhead)
+//   GPU peak allocated = parameters + gradients + optimizer states + buffers   (static)
+//                      + saved activations + the larger of
+//                        (logits and loss buffers, one recomputed layer)       (live)
+//                      + workspace (library workspaces)
+//   GPU peak reserved  = peak allocated + the caching allocator's reserve:
+//                        fragmentation x live + ckpt_reserve_mult x checkpoints
+//   host               = ranks per node x (offloaded states, gradient accumulators,
+//                        offloaded parameters, pinned buffers, process overhead)
+// Measured on one H200 (data/runs/h200-sxm/2026-12-02_memory_phases_1gpu.jsonl): every step
+// peaks in its backward; a checkpointed one at the loss's backward, where the recomputed layers
+// have not started, so the logits and a recomputed layer are not live together.
 #pragma once
 
 #include "model/coefficients.h"
@@ -15,9 +21,11 @@ namespace stepcast {
 template <class T>
 struct MemoryEstimate {
   T gpu_params_bytes{}, gpu_grads_bytes{}, gpu_opt_states_bytes{}, gpu_buffers_bytes{};
-  T gpu_activations_bytes{};  // saved activations, logits and loss buffers, with fragmentation
+  T gpu_activations_bytes{};  // live activations, logits and loss buffers, and the allocator's reserve
   T gpu_workspace_bytes{};
-  T gpu_total_bytes{};
+  T gpu_allocated_bytes{};    // the caching allocator's peak allocated
+  T gpu_reserve_bytes{};      // reserved above that peak
+  T gpu_total_bytes{};        // peak reserved: what must fit
   T host_per_rank_bytes{};
   T host_node_total_bytes{};
 };
@@ -29,12 +37,15 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   out.gpu_grads_bytes = T(m.gpu_grads_bytes);
   out.gpu_opt_states_bytes = T(m.gpu_opt_states_bytes);
   out.gpu_buffers_bytes = T(m.gpu_buffers_bytes);
-  const T dynamic = coef[kActBytesMult] * m.act_bytes +
-                    m.logits_elems * (m.logit_bytes + coef[kLossExtraBytesPerLogit]);
-  out.gpu_activations_bytes = dynamic * (1.0 + coef[kGpuFragFrac]);
+  using std::max;
+  const T loss = m.logits_elems * (m.logit_bytes + max(coef[kLossExtraBytesPerLogit] - m.loss_copy_absent_bytes, T(0.0)));
+  const T live = coef[kActBytesMult] * m.act_bytes + max(loss, coef[kActBytesMult] * m.recompute_layer_bytes);
+  out.gpu_reserve_bytes = coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes;
+  out.gpu_activations_bytes = live + out.gpu_reserve_bytes;
   out.gpu_workspace_bytes = coef[kGpuWorkspaceBytes];
-  out.gpu_total_bytes = out.gpu_params_bytes + out.gpu_grads_bytes + out.gpu_opt_states_bytes + out.gpu_buffers_bytes +
-                  out.gpu_activations_bytes + out.gpu_workspace_bytes;
+  out.gpu_allocated_bytes = out.gpu_params_bytes + out.gpu_grads_bytes + out.gpu_opt_states_bytes +
+                            out.gpu_buffers_bytes + live + out.gpu_workspace_bytes;
+  out.gpu_total_bytes = out.gpu_allocated_bytes + out.gpu_reserve_bytes;
   out.host_per_rank_bytes = m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes +
                       m.host_pinned_buffers_bytes + coef[kHostBytesPerRank];
   out.host_node_total_bytes = m.ranks_per_node * out.host_per_rank_bytes;

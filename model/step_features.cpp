@@ -615,24 +615,39 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // (data/runs/h200-sxm/2026-12-0*_peers_deepspeed_1gpu*.jsonl): 2.3 B a parameter.
   if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && !offload_opt) buffers += wb * trainable / n;
   mem.gpu_buffers_bytes = buffers;
-  const double live_layers = c.activation_checkpointing ? 0.0 : L;
-  const double ckpt_inputs = c.activation_checkpointing ? L * h : 0.0;
-  // Without checkpointing every layer's activations are live at the start of
-  // backward; with it, each layer's input plus one recomputed layer.
-  mem.act_bytes = tokens * wb *
-                  (live_layers * (act_per_layer + lora_act_per_layer) + ckpt_inputs +
-                   (c.activation_checkpointing ? act_per_layer + lora_act_per_layer : 0.0) +
-                   2.0 * h /*final norm, head input*/);
+  // Our backend repeats each KV head for the query heads it serves before the fused attention
+  // (backend/engine/transformer.cpp), which keeps the repeated keys and values for its backward:
+  // 2 (q_dim - kv_dim) more per token and layer than the model's own K and V.
+  const double repeated_kv = c.engine == Engine::kStepcast ? 2.0 * static_cast<double>(spec.q_dim() - spec.kv_dim()) : 0.0;
+  const double layer_elems = act_per_layer + lora_act_per_layer + repeated_kv;
+  // Without checkpointing every layer's activations are live at the start of the backward;
+  // with it, each layer's input, and later one recomputed layer (memory_model.h).
+  if (c.activation_checkpointing) {
+    mem.ckpt_bytes = tokens * wb * L * h;
+    mem.recompute_layer_bytes = tokens * wb * layer_elems;
+    mem.act_bytes = mem.ckpt_bytes + tokens * wb * 2.0 * h /*final norm, head input*/;
+  } else {
+    mem.act_bytes = tokens * wb * (L * layer_elems + 2.0 * h);
+  }
   // transformers' eager attention, the peers' math path, takes the softmax in fp32 and casts the
   // probabilities to the value's dtype for their product with V (llama: softmax(dtype=float32)
   // then .to(query.dtype); GPT-J upcasts query and key to fp32): softmax keeps its fp32 output for
   // the backward beside the 16-bit copy, 4 B more per score. Measured: DeepSpeed with GPT-J on one
   // H200 ran out of its 139.8 GiB at micro-batch 2 where 121 GiB had been predicted without it
   // (docs/engines.md).
-  if (peer_eager_attention && wb < 4.0)
-    mem.act_bytes += tokens * 4.0 * static_cast<double>(spec.num_heads) * s * (c.activation_checkpointing ? 1.0 : L);
+  if (peer_eager_attention && wb < 4.0) {
+    const double fp32_scores = tokens * 4.0 * static_cast<double>(spec.num_heads) * s;
+    if (c.activation_checkpointing)
+      mem.recompute_layer_bytes += fp32_scores;
+    else
+      mem.act_bytes += fp32_scores * L;
+  }
   mem.logits_elems = tokens * static_cast<double>(spec.vocab_size);
   mem.logit_bytes = wb;
+  // The loss runs in fp32 (our backend: logits.to(kFloat) before cross_entropy; transformers'
+  // causal-LM loss: logits.float()): a copy of 16-bit logits, which loss_extra_bytes_per_logit
+  // counts; fp32 logits are their own copy.
+  mem.loss_copy_absent_bytes = wb < 4.0 ? 0.0 : 4.0;
   if (offload_opt) {
     mem.host_opt_states_bytes = os_shard * state_bytes;
     mem.host_grads_bytes = 0.0;  // the gradient lands in the pinned staging shard below

@@ -105,8 +105,12 @@ struct MemoryFeatures {
   double gpu_opt_states_bytes = 0;     // fp32 master weights + optimizer moments on the GPU
   double gpu_buffers_bytes = 0;        // communication buckets, stage-3 gather/prefetch buffers
   double act_bytes = 0;                // analytic saved activations of one micro-batch at peak
+                                       // (checkpointed: the layer inputs and the head's input)
+  double ckpt_bytes = 0;               // checkpointed layer inputs (layers x tokens x hidden)
+  double recompute_layer_bytes = 0;    // checkpointed: one recomputed layer's saved activations
   double logits_elems = 0;             // b * s * vocab
   double logit_bytes = 0;              // bytes of one logit element (2 or 4)
+  double loss_copy_absent_bytes = 0;   // fp32 logits: the loss's fp32 copy is the logits (4 B saved)
   // host, per rank (bytes)
   double host_opt_states_bytes = 0;
   double host_grads_bytes = 0;         // host gradient accumulators (none: shards accumulate on the GPU)

@@ -148,6 +148,8 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                            {"activations", m.gpu_activations_bytes},
                            {"buffers", m.gpu_buffers_bytes},
                            {"workspace", m.gpu_workspace_bytes},
+                           {"peak_allocated", m.gpu_allocated_bytes},
+                           {"allocator_reserve", m.gpu_reserve_bytes},
                            {"total", m.gpu_total_bytes},
                            {"limit", p.gpu_memory_limit_bytes}};
   j["cpu_memory_bytes"] = {{"total", m.host_node_total_bytes},
@@ -295,9 +297,11 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"GPU", "gradients", format_gib(m.gpu_grads_bytes)});
   mt.add({"GPU", "master weights + optimizer states", format_gib(m.gpu_opt_states_bytes)});
   mt.add({"GPU", "buckets and gather buffers", format_gib(m.gpu_buffers_bytes)});
-  mt.add({"GPU", "activations, logits, loss (+fragmentation)", format_gib(m.gpu_activations_bytes)});
-  mt.add({"GPU", "context and workspaces", format_gib(m.gpu_workspace_bytes)});
-  mt.add({"GPU", "total per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
+  mt.add({"GPU", "activations, logits, loss", format_gib(m.gpu_activations_bytes - m.gpu_reserve_bytes)});
+  mt.add({"GPU", "library workspaces", format_gib(m.gpu_workspace_bytes)});
+  mt.add({"GPU", "peak allocated", format_gib(m.gpu_allocated_bytes)});
+  mt.add({"GPU", "allocator's cache above it", format_gib(m.gpu_reserve_bytes)});
+  mt.add({"GPU", "peak reserved per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
   mt.add({"host", "per rank", format_gib(m.host_per_rank_bytes)});
   mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total_bytes)});
   out << mt.str();

@@ -117,11 +117,11 @@ TEST_CASE("activations: a peer's eager attention keeps the fp32 softmax beside t
   const double tokens = 2.0 * 2048.0;
   CHECK(make_features(m, hw, c).memory.act_bytes - ours ==
         doctest::Approx(tokens * 4.0 * 16.0 * 2048.0 * 28.0));  // 15.0 GB
-  // With checkpointing one layer is live: 1/28 of it.
+  // With checkpointing one recomputed layer holds them: 1/28 of it.
   c.activation_checkpointing = true;
-  const double ckpt = make_features(m, hw, c).memory.act_bytes;
+  const double ckpt = make_features(m, hw, c).memory.recompute_layer_bytes;
   c.engine = Engine::kStepcast;
-  CHECK(ckpt - make_features(m, hw, c).memory.act_bytes == doctest::Approx(tokens * 4.0 * 16.0 * 2048.0));
+  CHECK(ckpt - make_features(m, hw, c).memory.recompute_layer_bytes == doctest::Approx(tokens * 4.0 * 16.0 * 2048.0));
   // fp32 training has one fp32 copy already: nothing more.
   c.precision = Precision::kFp32;
   c.activation_checkpointing = false;
@@ -130,7 +130,7 @@ TEST_CASE("activations: a peer's eager attention keeps the fp32 softmax beside t
   CHECK(make_features(m, hw, c).memory.act_bytes == fp32_ours);
 }
 
-TEST_CASE("activations: checkpointing keeps one input per layer plus one live layer") {
+TEST_CASE("activations: checkpointing keeps one input per layer, and later one recomputed layer") {
   const ModelSpec m = model("llama-2-7b");
   const HardwareProfile hw = hardware("h200-sxm");
   TrainConfig c = config(0, 1);
@@ -138,12 +138,95 @@ TEST_CASE("activations: checkpointing keeps one input per layer plus one live la
   const double tokens = 2.0 * 2048.0, h = 4096.0, L = 32.0, per_layer = 76800.0;
   Features plain = make_features(m, hw, c);
   CHECK(plain.memory.act_bytes == doctest::Approx(tokens * 2.0 * (L * per_layer + 2 * h)));
+  CHECK(plain.memory.ckpt_bytes == 0.0);
+  CHECK(plain.memory.recompute_layer_bytes == 0.0);
   c.activation_checkpointing = true;
   Features ckpt = make_features(m, hw, c);
-  CHECK(ckpt.memory.act_bytes == doctest::Approx(tokens * 2.0 * (L * h + per_layer + 2 * h)));
+  CHECK(ckpt.memory.ckpt_bytes == doctest::Approx(tokens * 2.0 * L * h));
+  CHECK(ckpt.memory.act_bytes == doctest::Approx(tokens * 2.0 * (L * h + 2 * h)));
+  CHECK(ckpt.memory.recompute_layer_bytes == doctest::Approx(tokens * 2.0 * per_layer));
   // Linear in the micro-batch.
   c.micro_batch = 4;
   CHECK(make_features(m, hw, c).memory.act_bytes == doctest::Approx(2.0 * ckpt.memory.act_bytes));
+}
+
+TEST_CASE("activations: our backend keeps grouped-query attention's repeated keys and values") {
+  // llama-3-8b: 32 query heads, 8 KV heads of 128: q_dim 4096, kv_dim 1024. The backend repeats
+  // K and V to 32 heads before the fused attention, which saves them for its backward:
+  // 2 x (4096 - 1024) = 6144 elements more per token and layer; a transformers peer does not.
+  const ModelSpec m = model("llama-3-8b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(3, 1);
+  const double tokens = 2048.0, L = 32.0;
+  const double ours = make_features(m, hw, c).memory.act_bytes;
+  c.engine = Engine::kFsdp2;
+  CHECK(ours - make_features(m, hw, c).memory.act_bytes == doctest::Approx(tokens * 2.0 * L * 6144.0));
+  // A model without grouped queries (llama-2-7b) is the same for both.
+  const ModelSpec mha = model("llama-2-7b");
+  const double peer = make_features(mha, hw, c).memory.act_bytes;
+  c.engine = Engine::kStepcast;
+  CHECK(make_features(mha, hw, c).memory.act_bytes == peer);
+}
+
+TEST_CASE("memory model: the loss copies 16-bit logits to fp32, not fp32 ones") {
+  const ModelSpec m = model("pythia-2.8b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(0, 1);
+  const MemoryFeatures bf16 = make_features(m, hw, c).memory;
+  CHECK(bf16.loss_copy_absent_bytes == 0.0);
+  c.precision = Precision::kFp32;
+  const MemoryFeatures fp32 = make_features(m, hw, c).memory;
+  CHECK(fp32.loss_copy_absent_bytes == 4.0);
+  // Per logit at the loss, with 10 B beyond the logits for bf16: 2 + 10 = 12 B; fp32: 4 + 6 = 10 B;
+  // a habit below the copy (2 B, a fused cross-entropy) leaves fp32 logits alone: 4 B.
+  CoefVector k = default_coefs();
+  k[kActBytesMult] = 0.0;
+  k[kGpuFragFrac] = 0.0;
+  k[kLossExtraBytesPerLogit] = 10.0;
+  const auto live = [&](const MemoryFeatures& f) {
+    const MemoryEstimate<double> e = predict_memory(f, k.data());
+    return e.gpu_allocated_bytes - e.gpu_params_bytes - e.gpu_grads_bytes - e.gpu_opt_states_bytes -
+           e.gpu_buffers_bytes - e.gpu_workspace_bytes;
+  };
+  CHECK(live(bf16) == doctest::Approx(12.0 * bf16.logits_elems));
+  CHECK(live(fp32) == doctest::Approx(10.0 * fp32.logits_elems));
+  k[kLossExtraBytesPerLogit] = 2.0;
+  CHECK(live(fp32) == doctest::Approx(4.0 * fp32.logits_elems));
+}
+
+TEST_CASE("memory model: peak allocated and reserve by hand") {
+  // Hand-made features and coefficients: every term of memory_model.h checked once.
+  MemoryFeatures f;
+  f.gpu_params_bytes = 10e9;
+  f.gpu_grads_bytes = 5e9;
+  f.gpu_opt_states_bytes = 20e9;
+  f.gpu_buffers_bytes = 1e9;
+  f.act_bytes = 8e9;
+  f.logits_elems = 1e9;
+  f.logit_bytes = 2.0;
+  CoefVector c = default_coefs();
+  c[kActBytesMult] = 1.0;
+  c[kLossExtraBytesPerLogit] = 10.0;
+  c[kGpuFragFrac] = 0.05;
+  c[kCkptReserveMult] = 1.0;
+  c[kGpuWorkspaceBytes] = 0.5e9;
+  // Without checkpointing: live = 8 GB + 1e9 x (2 + 4 + 6) = 20 GB; allocated = 36 + 20 + 0.5;
+  // reserve = 5 % of 20 GB.
+  MemoryEstimate<double> e = predict_memory(f, c.data());
+  CHECK(e.gpu_allocated_bytes == doctest::Approx(56.5e9));
+  CHECK(e.gpu_reserve_bytes == doctest::Approx(1e9));
+  CHECK(e.gpu_total_bytes == doctest::Approx(57.5e9));
+  // Checkpointed: 4 GB of checkpoints (in act_bytes) and a recomputed layer of 15 GB, larger
+  // than the 12 GB at the loss: the layer sets the peak, not the two summed; the checkpoints are
+  // reserved once more.
+  f.act_bytes = 4e9;
+  f.ckpt_bytes = 4e9;
+  f.recompute_layer_bytes = 15e9;
+  e = predict_memory(f, c.data());
+  CHECK(e.gpu_allocated_bytes == doctest::Approx(36e9 + 19e9 + 0.5e9));
+  CHECK(e.gpu_reserve_bytes == doctest::Approx(0.05 * 19e9 + 4e9));
+  f.recompute_layer_bytes = 3e9;
+  CHECK(predict_memory(f, c.data()).gpu_allocated_bytes == doctest::Approx(36e9 + 16e9 + 0.5e9));
 }
 
 TEST_CASE("properties: memory never rises with the stage; offload moves bytes to the host") {

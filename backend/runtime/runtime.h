@@ -48,6 +48,9 @@ class Runtime {
   virtual double peak_reserved_bytes() = 0;
   virtual void reset_peak() = 0;
   virtual double device_memory_bytes() = 0;  // total memory of the device
+  // Caps what the caching allocator may hold on this device (bytes): it frees its cache and
+  // retries before it fails, as on a card of that size. Throws InputError on the CPU.
+  virtual void limit_memory(double bytes) = 0;
   virtual std::string device_name() = 0;
   virtual std::string driver_version() = 0;
 

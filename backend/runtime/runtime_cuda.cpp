@@ -151,6 +151,17 @@ class CudaRuntime final : public Runtime {
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     return static_cast<double>(total_b);
   }
+  void limit_memory(double bytes) override {
+    const double total = device_memory_bytes();
+    if (!(bytes > 0.0) || bytes > total)
+      throw InputError("--gpu-mem-limit-gib " + std::to_string(bytes / (1024.0 * 1024.0 * 1024.0)) +
+                       " is out of range (0, " + std::to_string(total / (1024.0 * 1024.0 * 1024.0)) + "] for this device");
+#ifdef STEPCAST_TORCH_CUDA
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(bytes / total, static_cast<c10::DeviceIndex>(index_));
+#else
+    throw InputError("--gpu-mem-limit-gib needs LibTorch with CUDA");
+#endif
+  }
   std::string device_name() override {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
