@@ -157,6 +157,7 @@ class CudaRuntime final : public Runtime {
       throw InputError("--gpu-mem-limit-gib " + std::to_string(bytes / (1024.0 * 1024.0 * 1024.0)) +
                        " is out of range (0, " + std::to_string(total / (1024.0 * 1024.0 * 1024.0)) + "] for this device");
 #ifdef STEPCAST_TORCH_CUDA
+    (void)torch::empty({1}, torch::TensorOptions().device(device()));  // the allocator starts on first use
     c10::cuda::CUDACachingAllocator::setMemoryFraction(bytes / total, static_cast<c10::DeviceIndex>(index_));
 #else
     throw InputError("--gpu-mem-limit-gib needs LibTorch with CUDA");
