@@ -82,11 +82,13 @@ for flag in --micro-batch --gas --seq --steps --warmup --nproc --cpu-threads --t
     t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" "$v"
   done
 done
-for flag in --lr --weight-decay; do
+for flag in --lr --weight-decay --gpu-mem-limit-gib; do
   for v in abc nan inf -1; do
     t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" "$v"
   done
 done
+# A memory cap emulates a smaller GPU: there is none on the CPU.
+t 2 "--gpu-mem-limit-gib" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --gpu-mem-limit-gib 8
 for flag in --holdout-frac; do
   for v in abc -0.1 1 nan; do
     t 2 "$flag" "$CALIBRATE" fit --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl" --hardware h200-sxm "$flag" "$v" --out "$TMP/out.file"

@@ -403,3 +403,37 @@ TEST_CASE("the committed H200 profile names the runs it was fitted from: their b
   }
   CHECK(hw.coefs_source.find("runs fnv1a64:" + fnv1a64_hex(all)) != std::string::npos);
 }
+
+TEST_CASE("run records: the peak allocated is read, and a capped run is a configuration of its own") {
+  // One measured step of the memory hold-out, written three times: as measured, under a cap of
+  // 100 GiB (train --gpu-mem-limit-gib), and without the peak allocated (records before it).
+  const fs::path runs_dir = test::data_dir() / "runs" / "h200-sxm";
+  std::ifstream in(runs_dir / "2026-12-02_memory_v2_holdout_1gpu.jsonl");
+  std::string line;
+  nlohmann::json step;
+  while (std::getline(in, line)) {
+    step = nlohmann::json::parse(line);
+    if (!step.value("warmup", false)) break;
+  }
+  const double allocated = step["memory_bytes"]["gpu_peak_allocated"].get<double>();
+  REQUIRE(allocated > 0);
+  nlohmann::json capped = step, old = step;
+  capped["memory_bytes"]["gpu_limit"] = 100.0 * 1024 * 1024 * 1024;
+  old["model"] = "pythia-2.8b";
+  old["memory_bytes"].erase("gpu_peak_allocated");
+  const fs::path file = fs::temp_directory_path() / "stepcast_capped_runs.jsonl";
+  {
+    std::ofstream out(file);
+    out << step.dump() << "\n" << capped.dump() << "\n" << old.dump() << "\n";
+  }
+  const std::vector<RunRecord> runs = load_runs({file}, test::data_dir());
+  fs::remove(file);
+  REQUIRE(runs.size() == 3);
+  CHECK(runs[1].key == runs[0].key + " gpu-limit=100GiB");
+  CHECK(runs[0].gpu_peak_allocated_bytes == allocated);
+  CHECK(runs[1].gpu_peak_allocated_bytes == allocated);
+  CHECK(runs[2].gpu_peak_allocated_bytes == 0.0);
+  // Only our backend's runs are fitted on it (fit.h Observation).
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  CHECK(observation_of(runs[0], hw).gpu_allocated_bytes == allocated);
+}
