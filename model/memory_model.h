@@ -6,6 +6,8 @@
 //                      + workspace (library workspaces)
 //   GPU peak reserved  = peak allocated + the caching allocator's reserve:
 //                        fragmentation x live + ckpt_reserve_mult x checkpoints
+//                        + cache a smaller card does without (releasable)
+//   GPU required       = peak reserved - releasable: what a plan needs to fit
 //   host               = ranks per node x (offloaded states, gradient accumulators,
 //                        offloaded parameters, pinned buffers, process overhead)
 // Measured on one H200 (data/runs/h200-sxm/2026-12-02_memory_phases_1gpu.jsonl): every step
@@ -25,7 +27,8 @@ struct MemoryEstimate {
   T gpu_workspace_bytes{};
   T gpu_allocated_bytes{};    // the caching allocator's peak allocated
   T gpu_reserve_bytes{};      // reserved above that peak
-  T gpu_total_bytes{};        // peak reserved: what must fit
+  T gpu_total_bytes{};        // peak reserved, on a card with room
+  T gpu_required_bytes{};     // what must fit: the peak reserved less the cache a smaller card does without
   T host_per_rank_bytes{};
   T host_node_total_bytes{};
 };
@@ -40,12 +43,14 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   using std::max;
   const T loss = m.logits_elems * (m.logit_bytes + max(coef[kLossExtraBytesPerLogit] - m.loss_copy_absent_bytes, T(0.0)));
   const T live = coef[kActBytesMult] * m.act_bytes + max(loss, coef[kActBytesMult] * m.recompute_layer_bytes);
-  out.gpu_reserve_bytes = coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes;
+  out.gpu_reserve_bytes =
+      coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes + m.gpu_releasable_cache_bytes;
   out.gpu_activations_bytes = live + out.gpu_reserve_bytes;
   out.gpu_workspace_bytes = coef[kGpuWorkspaceBytes];
   out.gpu_allocated_bytes = out.gpu_params_bytes + out.gpu_grads_bytes + out.gpu_opt_states_bytes +
                             out.gpu_buffers_bytes + live + out.gpu_workspace_bytes;
   out.gpu_total_bytes = out.gpu_allocated_bytes + out.gpu_reserve_bytes;
+  out.gpu_required_bytes = out.gpu_total_bytes - m.gpu_releasable_cache_bytes;
   out.host_per_rank_bytes = m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes +
                       m.host_pinned_buffers_bytes + coef[kHostBytesPerRank];
   out.host_node_total_bytes = m.ranks_per_node * out.host_per_rank_bytes;

@@ -30,9 +30,9 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
                                   ? limits.host_memory_bytes_node
                                   : hw.host.memory_bytes_per_gpu * config.gpus_per_node;
   char buf[200];
-  if (p.memory.gpu_total_bytes > (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes) {
+  if (p.memory.gpu_required_bytes > (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes) {
     std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, %.1f GiB usable (%.1f GiB less %.0f %% headroom)",
-                  p.memory.gpu_total_bytes / kBytesPerGiB,
+                  p.memory.gpu_required_bytes / kBytesPerGiB,
                   (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes / kBytesPerGiB,
                   p.gpu_memory_limit_bytes / kBytesPerGiB, 100.0 * kGpuMemoryHeadroomFrac);
     p.reason = buf;

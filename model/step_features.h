@@ -104,6 +104,7 @@ struct MemoryFeatures {
   double gpu_grads_bytes = 0;
   double gpu_opt_states_bytes = 0;     // fp32 master weights + optimizer moments on the GPU
   double gpu_buffers_bytes = 0;        // communication buckets, stage-3 gather/prefetch buffers
+  double gpu_releasable_cache_bytes = 0;  // allocator cache a card with less room does without
   double act_bytes = 0;                // analytic saved activations of one micro-batch at peak
                                        // (checkpointed: the layer inputs and the head's input)
   double ckpt_bytes = 0;               // checkpointed layer inputs (layers x tokens x hidden)

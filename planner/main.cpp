@@ -157,8 +157,8 @@ std::vector<PeftRow> peft_comparison(const SearchRequest& req, const SearchResul
       r.least_gpu_bytes = std::numeric_limits<double>::infinity();
       for (const FamilyOutcome& f : res.families)
         if (f.smallest_memory && f.smallest_memory->config.peft == k &&
-            f.smallest_memory->memory.gpu_total_bytes < r.least_gpu_bytes) {
-          r.least_gpu_bytes = f.smallest_memory->memory.gpu_total_bytes;
+            f.smallest_memory->memory.gpu_required_bytes < r.least_gpu_bytes) {
+          r.least_gpu_bytes = f.smallest_memory->memory.gpu_required_bytes;
           r.why = f.smallest_memory->reason;
         }
     }

@@ -187,11 +187,11 @@ SearchResult search_plans(const SearchRequest& req) {
   auto better = [](const Prediction& a, const Prediction& b) {
     const double ka = ranking_score(a), kb = ranking_score(b);
     if (ka != kb) return ka > kb;
-    return a.memory.gpu_total_bytes < b.memory.gpu_total_bytes;
+    return a.memory.gpu_required_bytes < b.memory.gpu_required_bytes;
   };
   for (const auto& p : all) {
     if (p.fits) result.ranked.push_back(p);
-    if (!result.smallest_memory || p.memory.gpu_total_bytes < result.smallest_memory->memory.gpu_total_bytes)
+    if (!result.smallest_memory || p.memory.gpu_required_bytes < result.smallest_memory->memory.gpu_required_bytes)
       result.smallest_memory = p;
   }
   result.dropped = all.size() - result.ranked.size();
@@ -226,7 +226,7 @@ SearchResult search_plans(const SearchRequest& req) {
     if (p.fits) {
       fo.any_fits = true;
       if (!fo.best || better(p, *fo.best)) fo.best = p;
-    } else if (!fo.smallest_memory || p.memory.gpu_total_bytes < fo.smallest_memory->memory.gpu_total_bytes) {
+    } else if (!fo.smallest_memory || p.memory.gpu_required_bytes < fo.smallest_memory->memory.gpu_required_bytes) {
       fo.smallest_memory = p;
     }
   }
@@ -264,7 +264,7 @@ SearchResult search_plans(const SearchRequest& req) {
             [](const FamilyOutcome& a, const FamilyOutcome& b) {
               if (a.any_fits != b.any_fits) return a.any_fits;
               if (a.any_fits) return a.loss_frac < b.loss_frac;
-              return a.smallest_memory->memory.gpu_total_bytes < b.smallest_memory->memory.gpu_total_bytes;
+              return a.smallest_memory->memory.gpu_required_bytes < b.smallest_memory->memory.gpu_required_bytes;
             });
 
   // Nothing fits: say what would.
@@ -287,7 +287,7 @@ SearchResult search_plans(const SearchRequest& req) {
       Prediction p = evaluate(req.model, req.hardware, c, ResourceLimits{req.limits.gpu_memory_bytes, 0, 0});
       if (p.fits) {
         std::snprintf(buf, sizeof buf, "would fit on %d GPUs (--gpus %d --nodes %d): %.1f GiB per GPU",
-                      total, c.gpus_per_node, c.nodes, p.memory.gpu_total_bytes / kBytesPerGiB);
+                      total, c.gpus_per_node, c.nodes, p.memory.gpu_required_bytes / kBytesPerGiB);
         result.suggestions.push_back(buf);
         break;
       }

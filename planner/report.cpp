@@ -151,6 +151,7 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                            {"peak_allocated", m.gpu_allocated_bytes},
                            {"allocator_reserve", m.gpu_reserve_bytes},
                            {"total", m.gpu_total_bytes},
+                           {"required", m.gpu_required_bytes},
                            {"limit", p.gpu_memory_limit_bytes}};
   j["cpu_memory_bytes"] = {{"total", m.host_node_total_bytes},
                            {"per_rank", m.host_per_rank_bytes},
@@ -302,6 +303,8 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"GPU", "peak allocated", format_gib(m.gpu_allocated_bytes)});
   mt.add({"GPU", "allocator's cache above it", format_gib(m.gpu_reserve_bytes)});
   mt.add({"GPU", "peak reserved per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
+  if (m.gpu_required_bytes < m.gpu_total_bytes)
+    mt.add({"GPU", "needed to fit (without the cache a smaller card does without)", format_gib(m.gpu_required_bytes)});
   mt.add({"host", "per rank", format_gib(m.host_per_rank_bytes)});
   mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total_bytes)});
   out << mt.str();

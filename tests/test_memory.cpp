@@ -401,3 +401,32 @@ TEST_CASE("PEFT: no weight gradients for frozen weights; the dequantisation adds
   q70.peft = PeftKind::kLora;
   CHECK(!evaluate(big, hw, q70).fits);
 }
+
+TEST_CASE("DeepSpeed ZeRO-1/2 with CPU offload keeps 4 B of cache per partition parameter, not needed to fit") {
+  // Measured (step_features.cpp): pythia-2.8b reserved 12.6-14.4 GiB above its peak allocated on
+  // one H200, 8.2 on two; the founding report ran it on 48 GB A40s, so a smaller card does without.
+  const ModelSpec m = model("pythia-2.8b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double psi = static_cast<double>(m.total_params());
+  for (int gpus : {1, 2}) {
+    for (int stage : {1, 2}) {
+      CAPTURE(gpus);
+      CAPTURE(stage);
+      TrainConfig c = config(stage, gpus, OffloadDevice::kCpu);
+      c.engine = Engine::kDeepSpeed;
+      c.offload_pipeline = false;
+      const Features f = make_features(m, hw, c);
+      CHECK(f.memory.gpu_releasable_cache_bytes == doctest::Approx(4.0 * psi / gpus));
+      const MemoryEstimate<double> e = predict_memory(f.memory, hw.coefs.data());
+      CHECK(e.gpu_total_bytes - e.gpu_required_bytes == doctest::Approx(4.0 * psi / gpus));
+      // Our backend's offload keeps no such cache.
+      c.engine = Engine::kStepcast;
+      c.offload_pipeline = true;
+      CHECK(make_features(m, hw, c).memory.gpu_releasable_cache_bytes == 0.0);
+    }
+  }
+  TrainConfig s3 = config(3, 1, OffloadDevice::kCpu);
+  s3.engine = Engine::kDeepSpeed;
+  s3.offload_pipeline = false;
+  CHECK(make_features(m, hw, s3).memory.gpu_releasable_cache_bytes == 0.0);
+}
