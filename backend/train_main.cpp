@@ -121,7 +121,7 @@ void check_run_flags(const Flags& f) {
   if (!(std::isfinite(f.weight_decay) && f.weight_decay >= 0))
     throw InputError("--weight-decay " + std::to_string(f.weight_decay) + " must be a non-negative number");
   if (!(std::isfinite(f.gpu_mem_limit_gib) && f.gpu_mem_limit_gib >= 0))
-    throw InputError("--gpu-mem-limit-gib " + std::to_string(f.gpu_mem_limit_gib) + " must be a positive number of GiB");
+    throw InputError("--gpu-mem-limit-gib " + std::to_string(f.gpu_mem_limit_gib) + " must be a non-negative number of GiB (0: the whole device)");
 }
 
 // On the CPU runtime every rank's states, gradients and activations live in host memory:

@@ -10,6 +10,7 @@
 #include "common/hash.h"
 #include "common/stats.h"
 #include "common/text_file.h"
+#include "common/units.h"
 #include <cstdio>
 
 namespace stepcast::calibrate {
@@ -97,9 +98,10 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       const TrainConfig cfg = train_config_from_json(j.at("config"), where + ": config");
       const std::string model = j.at("model").get<std::string>();
       // A run on an emulated smaller GPU (train --gpu-mem-limit-gib) is a configuration of its own.
+      const nlohmann::json& mem = j.at("memory_bytes");
       std::string key = config_key(model, cfg);
-      if (const auto& mb = j.at("memory_bytes"); mb.contains("gpu_limit") && mb.at("gpu_limit").is_number())
-        key += " gpu-limit=" + fmt_g(mb.at("gpu_limit").get<double>() / (1024.0 * 1024.0 * 1024.0)) + "GiB";
+      if (mem.contains("gpu_limit") && mem.at("gpu_limit").is_number())
+        key += " gpu-limit=" + fmt_g(mem.at("gpu_limit").get<double>() / kBytesPerGiB) + "GiB";
       auto it = groups.find(key);
       if (it == groups.end()) {
         Acc acc;
@@ -135,10 +137,10 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       // serial optimizer phase was that time).
       const double cpu_s = t.contains("optimizer_cpu") ? number(t, "time_s", "optimizer_cpu", 0.0, kMaxStepS, false) : 0.0;
       acc.values["optimizer_total"].push_back(cpu_s > 0 ? cpu_s : acc.values["optimizer"].back());
-      acc.values["mem"].push_back(number(j.at("memory_bytes"), "memory_bytes", "gpu_peak_reserved", 0.0, kMaxBytes, false));
+      acc.values["mem"].push_back(number(mem, "memory_bytes", "gpu_peak_reserved", 0.0, kMaxBytes, false));
       // The peak allocated (records before it was written lack it: 0, not measured).
-      acc.values["alloc"].push_back(j.at("memory_bytes").contains("gpu_peak_allocated")
-                                        ? number(j.at("memory_bytes"), "memory_bytes", "gpu_peak_allocated", 0.0, kMaxBytes, false)
+      acc.values["alloc"].push_back(mem.contains("gpu_peak_allocated")
+                                        ? number(mem, "memory_bytes", "gpu_peak_allocated", 0.0, kMaxBytes, false)
                                         : 0.0);
       acc.values["tps"].push_back(number(j.at("throughput"), "throughput", "tokens_per_s", 0.0, 1e12, false));
       acc.rec.steps++;

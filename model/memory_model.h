@@ -23,7 +23,8 @@ namespace stepcast {
 template <class T>
 struct MemoryEstimate {
   T gpu_params_bytes{}, gpu_grads_bytes{}, gpu_opt_states_bytes{}, gpu_buffers_bytes{};
-  T gpu_activations_bytes{};  // live activations, logits and loss buffers, and the allocator's reserve
+  T gpu_live_bytes{};         // saved activations, and the larger of logits and loss buffers or a recomputed layer
+  T gpu_activations_bytes{};  // live bytes and the allocator's reserve above them
   T gpu_workspace_bytes{};
   T gpu_allocated_bytes{};    // the caching allocator's peak allocated
   T gpu_reserve_bytes{};      // reserved above that peak
@@ -42,7 +43,8 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   out.gpu_buffers_bytes = T(m.gpu_buffers_bytes);
   using std::max;
   const T loss = m.logits_elems * (m.logit_bytes + max(coef[kLossExtraBytesPerLogit] - m.loss_copy_absent_bytes, T(0.0)));
-  const T live = coef[kActBytesMult] * m.act_bytes + max(loss, coef[kActBytesMult] * m.recompute_layer_bytes);
+  out.gpu_live_bytes = coef[kActBytesMult] * m.act_bytes + max(loss, coef[kActBytesMult] * m.recompute_layer_bytes);
+  const T& live = out.gpu_live_bytes;
   out.gpu_reserve_bytes =
       coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes + m.gpu_releasable_cache_bytes;
   out.gpu_activations_bytes = live + out.gpu_reserve_bytes;

@@ -298,7 +298,7 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"GPU", "gradients", format_gib(m.gpu_grads_bytes)});
   mt.add({"GPU", "master weights + optimizer states", format_gib(m.gpu_opt_states_bytes)});
   mt.add({"GPU", "buckets and gather buffers", format_gib(m.gpu_buffers_bytes)});
-  mt.add({"GPU", "activations, logits, loss", format_gib(m.gpu_activations_bytes - m.gpu_reserve_bytes)});
+  mt.add({"GPU", "activations, logits, loss", format_gib(m.gpu_live_bytes)});
   mt.add({"GPU", "library workspaces", format_gib(m.gpu_workspace_bytes)});
   mt.add({"GPU", "peak allocated", format_gib(m.gpu_allocated_bytes)});
   mt.add({"GPU", "allocator's cache above it", format_gib(m.gpu_reserve_bytes)});

@@ -183,11 +183,7 @@ TEST_CASE("memory model: the loss copies 16-bit logits to fp32, not fp32 ones") 
   k[kActBytesMult] = 0.0;
   k[kGpuFragFrac] = 0.0;
   k[kLossExtraBytesPerLogit] = 10.0;
-  const auto live = [&](const MemoryFeatures& f) {
-    const MemoryEstimate<double> e = predict_memory(f, k.data());
-    return e.gpu_allocated_bytes - e.gpu_params_bytes - e.gpu_grads_bytes - e.gpu_opt_states_bytes -
-           e.gpu_buffers_bytes - e.gpu_workspace_bytes;
-  };
+  const auto live = [&](const MemoryFeatures& f) { return predict_memory(f, k.data()).gpu_live_bytes; };
   CHECK(live(bf16) == doctest::Approx(12.0 * bf16.logits_elems));
   CHECK(live(fp32) == doctest::Approx(10.0 * fp32.logits_elems));
   k[kLossExtraBytesPerLogit] = 2.0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/units.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/runtime/runtime.h"
@@ -154,8 +155,8 @@ class CudaRuntime final : public Runtime {
   void limit_memory(double bytes) override {
     const double total = device_memory_bytes();
     if (!(bytes > 0.0) || bytes > total)
-      throw InputError("--gpu-mem-limit-gib " + std::to_string(bytes / (1024.0 * 1024.0 * 1024.0)) +
-                       " is out of range (0, " + std::to_string(total / (1024.0 * 1024.0 * 1024.0)) + "] for this device");
+      throw InputError("--gpu-mem-limit-gib " + std::to_string(bytes / kBytesPerGiB) + " is out of range (0, " +
+                       std::to_string(total / kBytesPerGiB) + "] for this device");
 #ifdef STEPCAST_TORCH_CUDA
     (void)torch::empty({1}, torch::TensorOptions().device(device()));  // the allocator starts on first use
     c10::cuda::CUDACachingAllocator::setMemoryFraction(bytes / total, static_cast<c10::DeviceIndex>(index_));
