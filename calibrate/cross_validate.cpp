@@ -96,7 +96,8 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
     for (size_t i : members) {
       const Prediction p = evaluate(runs[i].model, fold_hw, runs[i].config);
       const TimedPhases<double> ph = timed_phases(p.time, runs[i].config.engine != Engine::kStepcast);
-      out[i] = {&runs[i], p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, ph.forward_s, ph.backward_s, ph.optimizer_s,
+      out[i] = {&runs[i],       p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, p.memory.host_per_rank_bytes,
+                ph.forward_s,   ph.backward_s, ph.optimizer_s,
                 unseen_dimensions(region, runs[i].model.name, runs[i].config)};
     }
   }
@@ -105,7 +106,8 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
 }
 
 nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval) {
-  std::vector<double> step, mem, fwd, bwd, opt;
+  std::vector<double> step, mem, host, fwd, bwd, opt;
+  double host_max_bytes = 0;  // the largest host miss in bytes: a percentage of a small process says little
   int inside = 0;
   for (const CvPrediction& p : predictions) {
     const RunRecord& r = *p.run;
@@ -115,11 +117,15 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
                           : std::abs(p.step_s - r.step_s) <= 1.96 * p.step_std_s)
       ++inside;
     if (r.gpu_peak_reserved_bytes > 0) mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
+    if (r.host_peak_rss_bytes > 0) {
+      host.push_back(std::abs(p.host_memory_bytes / r.host_peak_rss_bytes - 1));
+      host_max_bytes = std::max(host_max_bytes, std::abs(p.host_memory_bytes - r.host_peak_rss_bytes));
+    }
     if (r.forward_s > 0) fwd.push_back(std::abs(p.forward_s / r.forward_s - 1));
     if (r.backward_s > 0) bwd.push_back(std::abs(p.backward_s / r.backward_s - 1));
     if (r.optimizer_total_s > 0) opt.push_back(std::abs(p.optimizer_s / r.optimizer_total_s - 1));
   }
-  const nlohmann::json s = error_stats(step), m = error_stats(mem);
+  const nlohmann::json s = error_stats(step), m = error_stats(mem), h = error_stats(host);
   return {{"configurations", predictions.size()},
           {"step_time_mean_abs_pct_error", s["mean"]},
           {"step_time_p90_abs_pct_error", s["p90"]},
@@ -127,6 +133,10 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
           {"peak_memory_mean_abs_pct_error", m["mean"]},
           {"peak_memory_p90_abs_pct_error", m["p90"]},
           {"peak_memory_max_abs_pct_error", m["max"]},
+          {"host_memory_configurations", host.size()},
+          {"host_memory_mean_abs_pct_error", h["mean"]},
+          {"host_memory_max_abs_pct_error", h["max"]},
+          {"host_memory_max_abs_error_bytes", host_max_bytes},
           {"phases_abs_pct_error", {{"forward", error_stats(fwd)}, {"backward", error_stats(bwd)}, {"optimizer", error_stats(opt)}}},
           {"coverage_95", predictions.empty() ? 0.0 : static_cast<double>(inside) / static_cast<double>(predictions.size())}};
 }
@@ -164,6 +174,10 @@ nlohmann::json loco_rows(std::vector<CvPrediction> predictions) {
                     {"predicted_peak_memory_bytes", p.gpu_memory_bytes},
                     {"memory_error_pct",
                      r.gpu_peak_reserved_bytes > 0 ? 100 * (p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1) : 0.0},
+                    {"measured_host_memory_bytes", r.host_peak_rss_bytes},
+                    {"predicted_host_memory_bytes", p.host_memory_bytes},
+                    {"host_memory_error_pct",
+                     r.host_peak_rss_bytes > 0 ? 100 * (p.host_memory_bytes / r.host_peak_rss_bytes - 1) : 0.0},
                     {"unseen_dimensions", p.unseen_dims}});
   }
   return rows;

@@ -21,6 +21,7 @@ namespace stepcast::calibrate {
 struct CvPrediction {
   const RunRecord* run = nullptr;
   double step_s = 0, step_std_s = 0, gpu_memory_bytes = 0;
+  double host_memory_bytes = 0;  // one rank process's host memory (the records hold rank 0's)
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
   int unseen_dims = 0;  // regime dimensions of the run outside its fold's fitted runs (unseen_dimensions)
 };
@@ -51,7 +52,8 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
                                          const HardwareProfile& hw,
                                          const std::function<std::string(const RunRecord&)>& fold_of);
 
-// Mean, p90 and max absolute percent errors of step time, each phase and peak memory, and
+// Mean, p90 and max absolute percent errors of step time, each phase, peak GPU memory and host
+// memory (over the runs whose records hold their host high-water mark), and
 // the fraction of measured step times inside the 95 % interval (coverage_95).
 // Coverage counts a run inside `interval`'s band (at its unseen dimensions) where the model has one,
 // else inside 1.96 of its fold's step_std_s.

@@ -28,9 +28,10 @@ Scales coef_scales() {
   return s;
 }
 
-// One run: up to six residuals (step, forward, backward, optimizer, peak reserved, peak allocated).
+// One run: up to seven residuals (step, forward, backward, optimizer, peak reserved, peak allocated,
+// host memory).
 struct RunResidual {
-  static constexpr int kResiduals = 6;
+  static constexpr int kResiduals = 7;
   RunResidual(const Observation& o, const FitOptions& opt, const Scales& sc) : obs_(o), opt_(opt), scales_(sc) {}
 
   template <class T>
@@ -47,6 +48,7 @@ struct RunResidual {
     r[3] = log_ratio(ph.optimizer_s, obs_.optimizer_s, opt_.sigma_phase);
     r[4] = log_ratio(m.gpu_total_bytes, obs_.gpu_memory_bytes, opt_.sigma_memory);
     r[5] = log_ratio(m.gpu_allocated_bytes, obs_.gpu_allocated_bytes, opt_.sigma_memory);
+    r[6] = log_ratio(m.host_per_rank_bytes, obs_.host_bytes, opt_.sigma_memory);
     return true;
   }
 
@@ -114,6 +116,7 @@ Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
   o.optimizer_s = r.optimizer_total_s;
   o.gpu_memory_bytes = r.gpu_peak_reserved_bytes;
   if (r.config.engine == Engine::kStepcast) o.gpu_allocated_bytes = r.gpu_peak_allocated_bytes;
+  o.host_bytes = r.host_peak_rss_bytes;
   o.peer_phases = r.config.engine != Engine::kStepcast;
   return o;
 }
@@ -123,7 +126,8 @@ std::vector<Coef> default_free_coefs() {
           kLayerOverheadS, kGpuOptBwEffFrac,     kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,
           kActBytesMult,   kGpuWorkspaceBytes,   kGpuFragFrac,          kCkptReserveMult,
           kCollLatencyS,   kCpuOptOverlapFrac,
-          kCpuLaneFlopsPerS, kHostLayerFwdS,     kHostLayerBwdS,       kLossExtraBytesPerLogit};
+          kCpuLaneFlopsPerS, kHostLayerFwdS,     kHostLayerBwdS,       kLossExtraBytesPerLogit,
+          kHostBytesPerRank};
 }
 
 namespace {
@@ -257,8 +261,8 @@ std::vector<CoefSupport> coefficient_support(const std::vector<Observation>& obs
   const auto outputs = [](const Observation& o, const CoefVector& c) {
     const StepTime<double> t = predict_step_time(o.features.step, c.data());
     const MemoryEstimate<double> m = predict_memory(o.features.memory, c.data());
-    return std::array<double, 5>{t.step_s, t.forward_s, t.backward_s + t.recompute_s, t.optimizer_total_s,
-                                 m.gpu_total_bytes};
+    return std::array<double, 6>{t.step_s, t.forward_s, t.backward_s + t.recompute_s, t.optimizer_total_s,
+                                 m.gpu_total_bytes, m.host_per_rank_bytes};
   };
   const auto moved = [](double a, double b) { return std::abs(a - b) > 0.005 * std::max(std::abs(a), 1e-300); };
   std::vector<CoefSupport> out;
@@ -331,7 +335,7 @@ std::vector<Coef> engine_free_coefs() {
           kHostLayerFwdS,        kHostLayerBwdS,           kPcieEffFrac,
           kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kHostCopyBytesPerSPerThread, kCpuCoreBytesPerSPerLane,
           kCpuOptStepOverheadS,  kGpuFragFrac,             kCkptReserveMult,   kActBytesMult,      kLossExtraBytesPerLogit,
-          kGpuWorkspaceBytes,    kGpuOptBwEffFrac};
+          kGpuWorkspaceBytes,    kGpuOptBwEffFrac,         kHostBytesPerRank};
 }
 
 Calibration calibrate_for_engine(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,

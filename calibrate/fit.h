@@ -27,6 +27,7 @@ struct Observation {
   // count real allocations: our backend's runs. A peer's static terms hold its allocator's
   // reserve too (step_features.cpp: DeepSpeed's ZeRO-1/2 partition buffers), so its runs leave it 0.
   double gpu_allocated_bytes = 0;
+  double host_bytes = 0;     // the rank-0 process's host high-water mark (RunRecord::host_peak_rss_bytes)
   bool peer_phases = false;  // timed by a peer engine's harness (step_time.h timed_phases)
 };
 

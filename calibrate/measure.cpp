@@ -15,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/errors.h"
 #include "common/text_file.h"
+#include "common/units.h"
 #include "model/train_config_json.h"
 #include "stepcast_git_commit.h"
 
@@ -426,6 +427,7 @@ int run_predict_list(const PredictList& p) {
                     {"step_s", best.at("time_s").at("step")},
                     {"step_interval_95_s", interval},
                     {"gpu_memory_bytes", best.at("gpu_memory_bytes").at("total")},
+                    {"host_memory_bytes_per_rank", best.at("cpu_memory_bytes").at("per_rank")},
                     {"fits", best.at("fits")},
                     {"extrapolated_dimensions", best.at("extrapolated_dimensions")}});
   }
@@ -439,13 +441,14 @@ int run_predict_list(const PredictList& p) {
     for (const auto& r : rows) width = std::max(width, r.at("line").get<std::string>().size());
     text = "# " + p.list + ", predicted by " + STEPCAST_GIT_COMMIT + " (engine " + p.engine + ", hardware " +
            p.hardware + ") before it is measured:\n# planner explain --model M --gpus N --engine " + p.engine +
-           " FLAGS; step s, its 95 % interval, peak GPU GiB\n";
+           " FLAGS; step s, its 95 % interval, peak GPU GiB, host GiB per rank\n";
     for (const auto& r : rows) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "  step %.3f s  95%% [%.3f, %.3f]  memory %.1f GiB%s\n",
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "  step %.3f s  95%% [%.3f, %.3f]  memory %.1f GiB  host %.1f GiB%s\n",
                     r.at("step_s").get<double>(), r.at("step_interval_95_s").at(0).get<double>(),
-                    r.at("step_interval_95_s").at(1).get<double>(),
-                    r.at("gpu_memory_bytes").get<double>() / 1073741824.0, r.at("fits").get<bool>() ? "" : "  does not fit");
+                    r.at("step_interval_95_s").at(1).get<double>(), r.at("gpu_memory_bytes").get<double>() / kBytesPerGiB,
+                    r.at("host_memory_bytes_per_rank").get<double>() / kBytesPerGiB,
+                    r.at("fits").get<bool>() ? "" : "  does not fit");
       std::string line = r.at("line").get<std::string>();
       line.resize(width, ' ');
       text += line + buf;

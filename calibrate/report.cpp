@@ -194,27 +194,41 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   if (j.contains("cv")) {
     const nlohmann::json& cv = j["cv"];
     std::printf("\ncross-validated (each fold refitted without the runs it predicts):\n");
-    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s\n", "held out", "configs", "step mean", "step p90", "step max",
-                "mem mean", "mem max", "cover 95");
-    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s\n", "", "", "%", "%", "%", "%", "%", "%");
+    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s\n", "held out", "configs", "step mean", "step p90",
+                "step max", "mem mean", "mem max", "host mean", "host max", "cover 95");
+    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s\n", "", "", "%", "%", "%", "%", "%", "%", "%", "%");
     const auto line = [](const std::string& name, const nlohmann::json& s) {
-      std::printf("%-34s %7d %9.1f %9.1f %9.1f %9.2f %9.2f %9.0f\n", name.c_str(), s["configurations"].get<int>(),
-                  s["step_time_mean_abs_pct_error"].get<double>(), s["step_time_p90_abs_pct_error"].get<double>(),
-                  s["step_time_max_abs_pct_error"].get<double>(), s["peak_memory_mean_abs_pct_error"].get<double>(),
-                  s["peak_memory_max_abs_pct_error"].get<double>(), 100 * s["coverage_95"].get<double>());
+      std::printf("%-34s %7d %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f %9.2f %9.0f\n", name.c_str(),
+                  s["configurations"].get<int>(), s["step_time_mean_abs_pct_error"].get<double>(),
+                  s["step_time_p90_abs_pct_error"].get<double>(), s["step_time_max_abs_pct_error"].get<double>(),
+                  s["peak_memory_mean_abs_pct_error"].get<double>(), s["peak_memory_max_abs_pct_error"].get<double>(),
+                  s["host_memory_mean_abs_pct_error"].get<double>(), s["host_memory_max_abs_pct_error"].get<double>(),
+                  100 * s["coverage_95"].get<double>());
     };
     line("each configuration (LOCO)", cv["loco"]);
     for (const auto& g : cv["groups"]) line(g["name"].get<std::string>(), g);
+    const nlohmann::json& lo = cv["loco"];
+    if (lo["host_memory_configurations"].get<int>() > 0)
+      std::printf("host memory (rank 0's high-water mark), each configuration left out: %d configurations, mean %.2f %%, "
+                  "max %.2f %%, largest miss %.2f GiB\n",
+                  lo["host_memory_configurations"].get<int>(), lo["host_memory_mean_abs_pct_error"].get<double>(),
+                  lo["host_memory_max_abs_pct_error"].get<double>(),
+                  lo["host_memory_max_abs_error_bytes"].get<double>() / kBytesPerGiB);
     const nlohmann::json& worst = cv["loco"]["runs"];
     const size_t shown = std::min<size_t>(worst.size(), kLocoRowsShown);
     std::printf("\nthe %zu configurations predicted worst when left out (all of them under --json: cv.loco.runs)\n", shown);
-    std::printf("%-62s %8s %8s %8s %8s %7s\n", "run", "meas", "pred", "err", "mem err", "unseen");
-    std::printf("%-62s %8s %8s %8s %8s %7s\n", "", "s", "s", "%", "%", "dims");
+    std::printf("%-62s %8s %8s %8s %8s %8s %7s\n", "run", "meas", "pred", "err", "mem err", "host err", "unseen");
+    std::printf("%-62s %8s %8s %8s %8s %8s %7s\n", "", "s", "s", "%", "%", "%", "dims");
     for (size_t i = 0; i < shown; ++i) {
       const nlohmann::json& r = worst[i];
-      std::printf("%-62s %8.3f %8.3f %+8.1f %+8.1f %7d\n", r["key"].get<std::string>().c_str(),
+      char host_err[16] = "-";
+      if (r["measured_host_memory_bytes"].get<double>() > 0)
+        std::snprintf(host_err, sizeof host_err, "%+.1f", r["host_memory_error_pct"].get<double>());
+      std::printf("%-62s %8.3f %8.3f %+8.1f %+8.1f %8s %7d\n", r["key"].get<std::string>().c_str(),
                   r["measured_step_s"].get<double>(), r["predicted_step_s"].get<double>(), r["step_error_pct"].get<double>(),
-                  r["memory_error_pct"].get<double>(), r["unseen_dimensions"].get<int>());
+                  r["memory_error_pct"].get<double>(),
+                  host_err,
+                  r["unseen_dimensions"].get<int>());
     }
   }
   if (j.contains("coefficients")) {

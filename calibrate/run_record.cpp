@@ -142,6 +142,10 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       acc.values["alloc"].push_back(mem.contains("gpu_peak_allocated")
                                         ? number(mem, "memory_bytes", "gpu_peak_allocated", 0.0, kMaxBytes, false)
                                         : 0.0);
+      // The process's resident high-water mark (VmHWM) only grows: the largest over the steps.
+      if (mem.contains("host_peak_rss"))
+        acc.rec.host_peak_rss_bytes = std::max(acc.rec.host_peak_rss_bytes,
+                                               number(mem, "memory_bytes", "host_peak_rss", 0.0, kMaxBytes, false));
       acc.values["tps"].push_back(number(j.at("throughput"), "throughput", "tokens_per_s", 0.0, 1e12, false));
       acc.rec.steps++;
     } catch (const nlohmann::json::exception& e) {

@@ -27,6 +27,7 @@ struct RunRecord {
   double optimizer_total_s = 0;  // the optimizer's own time: with CPU offload, hidden or not
   double gpu_peak_reserved_bytes = 0;
   double gpu_peak_allocated_bytes = 0;  // 0: not in the records
+  double host_peak_rss_bytes = 0;       // the rank-0 process's high-water mark over its steps; 0: not recorded
   double tokens_per_s = 0;
 };
 

@@ -8,8 +8,9 @@
 //                        fragmentation x live + ckpt_reserve_mult x checkpoints
 //                        + cache a smaller card does without (releasable)
 //   GPU required       = peak reserved - releasable: what a plan needs to fit
-//   host               = ranks per node x (offloaded states, gradient accumulators,
-//                        offloaded parameters, pinned buffers, process overhead)
+//   host               = ranks per node x (the larger of the steady buffers (offloaded
+//                        states, gradient accumulators, offloaded parameters, pinned
+//                        buffers) and what placing the model holds, + process overhead)
 // Measured on one H200 (data/runs/h200-sxm/2026-12-02_memory_phases_1gpu.jsonl): every step
 // peaks in its backward; a checkpointed one at the loss's backward, where the recomputed layers
 // have not started, so the logits and a recomputed layer are not live together.
@@ -53,8 +54,8 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
                             out.gpu_buffers_bytes + live + out.gpu_workspace_bytes;
   out.gpu_total_bytes = out.gpu_allocated_bytes + out.gpu_reserve_bytes;
   out.gpu_required_bytes = out.gpu_total_bytes - m.gpu_releasable_cache_bytes;
-  out.host_per_rank_bytes = m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes +
-                      m.host_pinned_buffers_bytes + coef[kHostBytesPerRank];
+  const T steady = T(m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes + m.host_pinned_buffers_bytes);
+  out.host_per_rank_bytes = max(steady, T(m.host_init_bytes)) + coef[kHostBytesPerRank];
   out.host_node_total_bytes = m.ranks_per_node * out.host_per_rank_bytes;
   return out;
 }

@@ -159,6 +159,26 @@ double pinned_per_tensor_bytes(const ModelSpec& spec, double bytes_per_param) {
   return per_layer * static_cast<double>(spec.num_layers) + embed * (spec.tied_embeddings ? 1.0 : 2.0);
 }
 
+// Bytes pinned by our backend for one host buffer per parameter unit (backend/engine/layout.cpp:
+// the embedding, each layer, the head with the final norm; each unit's flat buffer padded to a
+// multiple of world x 2048 elements), holding `elems_div`-th of each unit at `bytes_per_elem`,
+// each buffer rounded up to a power of two by torch's caching host allocator. A PEFT run's units
+// hold its adapters, all in the layers. llama-2-13b's layer (317 M parameters) takes a 1 GiB bf16
+// buffer where its bytes are 605 MiB.
+double backend_pinned_unit_bytes(const ModelSpec& spec, double trainable, bool peft, double world, double elems_div,
+                                 double bytes_per_elem) {
+  const double align = world * 2048.0;
+  const auto unit = [&](double numel) {
+    const double padded = std::max(align, std::ceil(numel / align) * align);
+    return pinned_host_bytes(padded / elems_div * bytes_per_elem);
+  };
+  const double L = static_cast<double>(spec.num_layers);
+  if (peft) return L * unit(trainable / L) + 2.0 * unit(0.0);
+  const double head = static_cast<double>(spec.lm_head_params() + spec.final_norm_params());
+  return unit(static_cast<double>(spec.embedding_params())) + L * unit(static_cast<double>(spec.params_per_layer())) +
+         unit(head);
+}
+
 // The projections of one layer (model_spec.h layer_projections) as the cost model uses them:
 // (out, in), whether LoRA adapts each, and the adapters a fused one carries.
 struct Projection {
@@ -657,21 +677,30 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // causal-LM loss: logits.float()): a copy of 16-bit logits, which loss_extra_bytes_per_logit
   // counts; fp32 logits are their own copy.
   mem.loss_copy_absent_bytes = wb < 4.0 ? 0.0 : 4.0;
+  // Our backend's pinned host buffers, one per unit (backend/engine/engine.cpp init_parameters).
+  const double os_div = stage >= 1 ? n : 1.0;
+  // The peers' buffers are overridden below (DeepSpeed), or taken flat (FSDP2's parameter shard).
+  const auto pinned_units = [&](double elems_div) {
+    return c.engine == Engine::kStepcast ? backend_pinned_unit_bytes(spec, trainable, peft, n, elems_div, wb)
+                                         : trainable / elems_div * wb;
+  };
   if (offload_opt) {
     mem.host_opt_states_bytes = os_shard * state_bytes;
     mem.host_grads_bytes = 0.0;  // the gradient lands in the pinned staging shard below
-    mem.host_pinned_buffers_bytes = os_shard * wb;  // gradients down, updated parameters up, in place
+    // Gradients down, updated parameters up, in place.
+    mem.host_pinned_buffers_bytes = pinned_units(os_div);
     if (splits_master(c.optimizer, c.precision, true, c.split_master)) {
       // Split master weights (8-bit tensors only): the fp32 master becomes a 16-bit remainder
       // beside the bf16 upper half, which is the host parameter shard with parameter offload
-      // (2 B saved), else a pinned upload buffer of its own (the staging shard then holds
-      // gradients only; the same total).
+      // (2 B saved), else a pinned upload buffer of its own per unit (the staging shard then
+      // holds gradients only). Every unit of a model holds an 8-bit tensor.
       const double eight_bit = peft ? 1.0 : (params - static_cast<double>(small_tensor_params(spec))) / params;
       mem.host_opt_states_bytes -= os_shard * eight_bit * 2.0;
-      if (!offload_par) mem.host_pinned_buffers_bytes += os_shard * eight_bit * wb;
+      if (!offload_par) mem.host_pinned_buffers_bytes += pinned_units(os_div);
     }
   }
-  if (offload_par) mem.host_params_bytes = (params / n) * wb;
+  // The parameter shard of each unit, pinned (PEFT keeps its base weights on the GPU: train_config.cpp).
+  if (offload_par) mem.host_params_bytes = pinned_units(n);
   if (offload_opt && c.engine != Engine::kStepcast) {
     // The peers keep fp32 parameters, fp32 gradients and two fp32 moments of their shard on the host
     // (16 B per parameter). Pinned buffers come from torch's caching host allocator, which rounds each
@@ -703,6 +732,14 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       mem.host_pinned_buffers_bytes = os_shard * 4.0;
     }
   }
+  // DeepSpeed's placement: ZeRO-1/2 moves each rank's 16-bit parameters to the host to flatten
+  // them there (stage_1_and_2.py: move_to_cpu before flatten_dense_tensors_aligned, "to free up GPU
+  // space"), the whole model twice over for a moment; ZeRO-3 builds its partitions under
+  // zero.Init through the host. Measured host high-water marks on one H200 (bf16, no offload,
+  // 2026-12-01/02 peers_deepspeed files): pythia-2.8b 11.7 GiB at stages 1-2 (4 B a parameter
+  // and 1.3 GiB), 6.6 at stage 3 (2 B); llama-2-7b 26.5 GiB at stage 2 on each of two ranks, 13.9
+  // at stage 3 on one and 7.7 on each of two; 2.0 GiB at stage 0.
+  if (c.engine == Engine::kDeepSpeed && stage >= 1) mem.host_init_bytes = stage <= 2 ? 2.0 * wb * params : wb * params / n;
   mem.ranks_per_node = c.gpus_per_node;
   return out;
 }

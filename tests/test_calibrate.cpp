@@ -437,3 +437,41 @@ TEST_CASE("run records: the peak allocated is read, and a capped run is a config
   const HardwareProfile hw = test::hardware("h200-sxm");
   CHECK(observation_of(runs[0], hw).gpu_allocated_bytes == allocated);
 }
+
+TEST_CASE("run records: the host high-water mark is the largest over the steps, and fitted for every engine") {
+  // Two steps of one configuration whose VmHWM grew between them (the mark only grows), and a
+  // record without it (0: not measured, no residual).
+  const fs::path runs_dir = test::data_dir() / "runs" / "h200-sxm";
+  std::ifstream in(runs_dir / "2026-12-02_memory_v2_holdout_1gpu.jsonl");
+  std::string line;
+  nlohmann::json step;
+  while (std::getline(in, line)) {
+    step = nlohmann::json::parse(line);
+    if (!step.value("warmup", false)) break;
+  }
+  nlohmann::json later = step, none = step;
+  step["memory_bytes"]["host_peak_rss"] = 10.0e9;
+  later["memory_bytes"]["host_peak_rss"] = 12.0e9;
+  none["model"] = "pythia-2.8b";
+  none["memory_bytes"].erase("host_peak_rss");
+  const fs::path file = fs::temp_directory_path() / "stepcast_host_runs.jsonl";
+  {
+    std::ofstream out(file);
+    out << later.dump() << "\n" << step.dump() << "\n" << step.dump() << "\n" << none.dump() << "\n";
+  }
+  const std::vector<RunRecord> runs = load_runs({file}, test::data_dir());
+  fs::remove(file);
+  REQUIRE(runs.size() == 2);
+  CHECK(runs[0].host_peak_rss_bytes == 12.0e9);  // not the median of 12, 10, 10
+  CHECK(runs[1].host_peak_rss_bytes == 0.0);
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  CHECK(observation_of(runs[0], hw).host_bytes == 12.0e9);
+  nlohmann::json bad = later;
+  bad["memory_bytes"]["host_peak_rss"] = -1.0;
+  {
+    std::ofstream out(file);
+    out << bad.dump() << "\n";
+  }
+  CHECK_THROWS_WITH_AS(load_runs({file}, test::data_dir()), doctest::Contains("memory_bytes.host_peak_rss"), InputError);
+  fs::remove(file);
+}

@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "common/text_file.h"
+#include "model/memory_model.h"
 #include "model/prediction.h"
 #include "model/train_config_json.h"
 #include "planner/k8s_manifest.h"
@@ -358,6 +359,34 @@ TEST_CASE("a peer harness times engine.backward() with the engine's host work an
   CHECK(peer.backward_s > t.backward_s);  // the staged copy and the host round trips are in it
   CHECK(ours.backward_s == t.backward_s + t.recompute_s);
   CHECK(ours.optimizer_s == t.optimizer_total_s);
+}
+
+TEST_CASE("DeepSpeed's host peak while it places the model: 4 B a parameter at stages 1-2, 2 B of the partition at 3") {
+  // stage_1_and_2.py moves the rank's 16-bit parameters to the host and flattens them there
+  // (both copies live at once: 2 x 2 B for bf16, the whole model on every rank); stage 3 builds
+  // its bf16 partition through the host under zero.Init. Stage 0 keeps the model on the GPU.
+  // Measured (docs/engines.md): pythia-2.8b 11.7 GiB at stages 1-2, 6.6 at 3, 2.0 at 0.
+  const ModelSpec m = model("pythia-2.8b");
+  const HardwareProfile hw = for_engine(hardware("h200-sxm"), "deepspeed");
+  const double P = static_cast<double>(m.total_params());
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    TrainConfig c = offload(Engine::kDeepSpeed, stage, 2);
+    c.offload_optimizer = OffloadDevice::kNone;
+    c.gpus_per_node = 1;
+    const MemoryFeatures f = make_features(m, hw, c).memory;
+    const double expected = stage == 0 ? 0.0 : stage <= 2 ? 4.0 * P : 2.0 * P;
+    CHECK(f.host_init_bytes == expected);
+    // Without offload the host holds nothing else: the peak is the placement plus the process.
+    CHECK(predict_memory(f, hw.coefs.data()).host_per_rank_bytes ==
+          doctest::Approx(expected + hw.coefs[kHostBytesPerRank]).epsilon(1e-12));
+  }
+  // With offload the steady buffers are larger than the placement, which then adds nothing.
+  const MemoryFeatures off = make_features(m, hw, offload(Engine::kDeepSpeed, 2, 2)).memory;
+  CHECK(off.host_opt_states_bytes + off.host_grads_bytes + off.host_pinned_buffers_bytes > off.host_init_bytes);
+  CHECK(predict_memory(off, hw.coefs.data()).host_per_rank_bytes ==
+        doctest::Approx(off.host_opt_states_bytes + off.host_grads_bytes + off.host_pinned_buffers_bytes +
+                        hw.coefs[kHostBytesPerRank]).epsilon(1e-12));
 }
 
 TEST_CASE("DeepSpeed offload under torchrun: the OMP_NUM_THREADS lever, and the manifest that sets it") {

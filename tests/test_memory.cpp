@@ -262,31 +262,57 @@ TEST_CASE("8-bit AdamW saves 6 of 12 bytes per sharded parameter on the GPU") {
   CHECK(a.memory.gpu_opt_states_bytes - b.memory.gpu_opt_states_bytes == doctest::Approx(psi * (6.0 - 8.0 / 2048.0)));
 }
 
-TEST_CASE("8-bit AdamW offloaded in bf16: split master weights save 2 bytes per parameter with parameter offload") {
+TEST_CASE("8-bit AdamW offloaded in bf16: split master weights, pinned buffers per unit rounded to powers of two") {
   // Per 8-bit parameter of the shard, host bytes (backend/engine.cpp's buffers):
   //   fp32 master weights: master 4 + codes 2 + staging 2 (+ host parameters 2 with parameter offload)
   //   split master weights: remainder 2 + codes 2 + staging 2 + the bf16 upper half 2, which is
   //   the host parameter shard with parameter offload, else a pinned upload buffer of its own.
-  // So the same total without parameter offload, 2 B less with it; the traffic of one update
-  // is 2 (gradient) + 4 + 4 (both halves read and written) + 4 (codes) = 14 B, not 16, plus
-  // the two absmax values per 2048-block read and written (16 / 2048 B).
+  // Ordinary host memory: remainder 2 + codes 2 + two fp32 absmax per 2048-block (8 / 2048 B);
+  // the small tensors keep fp32 master and moments (12 B). Pinned, two bf16 buffers per unit
+  // (staging, and the upload buffer or the parameter shard), each rounded up to a power of two
+  // by torch's caching host allocator. llama-2-7b on 2 ranks (units padded to 4096 elements):
+  //   embedding 32000 x 4096 = 131,072,000 -> a 65,536,000-element shard, 125 MiB -> 128 MiB
+  //   layer 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 = 202,383,360 -> 193 MiB -> 256 MiB (x 32)
+  //   head 131,072,000 + 4096 (final norm) = 131,076,096 -> 125.0 MiB -> 128 MiB
+  // so 2 x 128 + 32 x 256 = 8448 MiB per buffer, where the bytes alone are 6.28 GiB.
   const ModelSpec m = model("llama-2-7b");
   const HardwareProfile hw = hardware("h200-sxm");
   const double psi = static_cast<double>(m.total_params());
   const double small = static_cast<double>(small_tensor_params(m));
+  const double pinned_per_buffer = 8448.0 * 1048576.0;
   for (bool param_offload : {false, true}) {
     CAPTURE(param_offload);
     TrainConfig c = config(3, 2, OffloadDevice::kCpu, OptimizerKind::kAdamW8bit);
     c.offload_params = param_offload ? OffloadDevice::kCpu : OffloadDevice::kNone;
     const double host = evaluate(m, hw, c).memory.host_per_rank_bytes - hw.coefs[kHostBytesPerRank];
-    // fp32 master weights for the small tensors (12 B of fp32 AdamW states + staging 2).
-    const double expected = (psi - small) / 2 * (2 + 2 + 2 + 2 + 8.0 / 2048) + small / 2 * (12 + 2) +
-                            (param_offload ? small / 2 * 2 : 0.0);
+    const double expected = (psi - small) / 2 * (2 + 2 + 8.0 / 2048) + small / 2 * 12 + 2 * pinned_per_buffer;
     CHECK(host == doctest::Approx(expected).epsilon(1e-9));
   }
   CHECK(optimizer_traffic_bytes(OptimizerKind::kAdamW8bit, Precision::kBf16, true) == doctest::Approx(14 + 16.0 / 2048));
   CHECK(optimizer_traffic_bytes(OptimizerKind::kAdamW8bit, Precision::kBf16, false) == doctest::Approx(16 + 16.0 / 2048));
   CHECK(optimizer_traffic_bytes(OptimizerKind::kAdamW, Precision::kBf16, true) == 28.0);
+}
+
+TEST_CASE("host: llama-2-13b at stage 3 with both offloads needs 1 GiB pinned per layer buffer on one rank") {
+  // The measured case (docs/calibration.md): one H200 on a 125 GiB host, 8-bit AdamW, bf16.
+  // A layer of 4 x 5120^2 + 3 x 5120 x 13824 + 2 x 5120 = 317,204,480 parameters is 605 MiB in
+  // bf16, a 1 GiB pinned buffer; the embedding (32000 x 5120, 312.5 MiB) and the head (plus the
+  // final norm) take 512 MiB each: 41 GiB per buffer, two buffers (staging, parameter shard).
+  // Ordinary memory: 4 B per 8-bit parameter (remainder, codes) and 12 for the small tensors.
+  const ModelSpec m = model("llama-2-13b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = config(3, 1, OffloadDevice::kCpu, OptimizerKind::kAdamW8bit);
+  c.offload_params = OffloadDevice::kCpu;
+  c.micro_batch = 4;
+  c.seq_len = 4096;
+  c.activation_checkpointing = true;
+  const Prediction p = evaluate(m, hw, c);
+  const double psi = static_cast<double>(m.total_params()), small = static_cast<double>(small_tensor_params(m));
+  const double expected = (psi - small) * (4 + 8.0 / 2048) + small * 12 + 2 * 41.0 * 1073741824.0;
+  CHECK(p.memory.host_per_rank_bytes - hw.coefs[kHostBytesPerRank] == doctest::Approx(expected).epsilon(1e-9));
+  // 130 GiB and more: the 125 GiB host the run was killed on cannot hold it.
+  CHECK(p.memory.host_node_total_bytes > 125.0 * 1073741824.0);
+  CHECK_FALSE(evaluate(m, hw, c, ResourceLimits{0, 125.0 * 1073741824.0, 0}).fits);
 }
 
 TEST_CASE("fits: 70B does not fit on one H200 without offload, fits with stage-3 CPU offload of both") {
