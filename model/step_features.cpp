@@ -738,7 +738,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // zero.Init through the host. Measured host high-water marks on one H200 (bf16, no offload,
   // 2026-12-01/02 peers_deepspeed files): pythia-2.8b 11.7 GiB at stages 1-2 (4 B a parameter
   // and 1.3 GiB), 6.6 at stage 3 (2 B); llama-2-7b 26.5 GiB at stage 2 on each of two ranks, 13.9
-  // at stage 3 on one and 7.7 on each of two; 2.0 GiB at stage 0.
+  // at stage 3 on one and 7.7 on each of two; 2.0 GiB at stage 0. Users meet it as host memory
+  // that grows with the node's GPUs (deepspeedai/DeepSpeed issues #1611, #4148, #7677); releases
+  // after PR #7828 flatten on the GPU where it has room for a second copy: this models 0.14.5, the
+  // version measured.
   if (c.engine == Engine::kDeepSpeed && stage >= 1) mem.host_init_bytes = stage <= 2 ? 2.0 * wb * params : wb * params / n;
   mem.ranks_per_node = c.gpus_per_node;
   return out;
