@@ -31,7 +31,9 @@ struct MemoryEstimate {
   T gpu_reserve_bytes{};      // reserved above that peak
   T gpu_total_bytes{};        // peak reserved, on a card with room
   T gpu_required_bytes{};     // what must fit: the peak reserved less the cache a smaller card does without
-  T host_per_rank_bytes{};
+  T host_buffers_bytes{};     // per rank: offloaded states, gradient accumulators, offloaded parameters, pinned buffers
+  T host_placement_bytes{};   // per rank: held while the engine places the model
+  T host_per_rank_bytes{};    // the larger of the two, and the process itself
   T host_node_total_bytes{};
 };
 
@@ -54,8 +56,9 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
                             out.gpu_buffers_bytes + live + out.gpu_workspace_bytes;
   out.gpu_total_bytes = out.gpu_allocated_bytes + out.gpu_reserve_bytes;
   out.gpu_required_bytes = out.gpu_total_bytes - m.gpu_releasable_cache_bytes;
-  const T steady = T(m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes + m.host_pinned_buffers_bytes);
-  out.host_per_rank_bytes = max(steady, T(m.host_init_bytes)) + coef[kHostBytesPerRank];
+  out.host_buffers_bytes = T(m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes + m.host_pinned_buffers_bytes);
+  out.host_placement_bytes = T(m.host_init_bytes);
+  out.host_per_rank_bytes = max(out.host_buffers_bytes, out.host_placement_bytes) + coef[kHostBytesPerRank];
   out.host_node_total_bytes = m.ranks_per_node * out.host_per_rank_bytes;
   return out;
 }

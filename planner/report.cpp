@@ -155,6 +155,8 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                            {"limit", p.gpu_memory_limit_bytes}};
   j["cpu_memory_bytes"] = {{"total", m.host_node_total_bytes},
                            {"per_rank", m.host_per_rank_bytes},
+                           {"buffers_per_rank", m.host_buffers_bytes},
+                           {"placement_per_rank", m.host_placement_bytes},
                            {"limit", p.host_memory_limit_bytes}};
   if (ctx.train_tokens > 0) {
     const double seconds = ctx.train_tokens / p.throughput.tokens_per_s;
@@ -305,7 +307,12 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"GPU", "peak reserved per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
   if (m.gpu_required_bytes < m.gpu_total_bytes)
     mt.add({"GPU", "needed to fit (without the cache a smaller card does without)", format_gib(m.gpu_required_bytes)});
-  mt.add({"host", "per rank", format_gib(m.host_per_rank_bytes)});
+  if (m.host_buffers_bytes > 0) mt.add({"host", "offloaded states and pinned buffers", format_gib(m.host_buffers_bytes)});
+  if (m.host_placement_bytes > 0)
+    mt.add({"host", "while the engine places the model", format_gib(m.host_placement_bytes)});
+  const bool host_parts = m.host_buffers_bytes > 0 || m.host_placement_bytes > 0;
+  mt.add({"host", host_parts ? "per rank (the larger of those, and the process)" : "per rank",
+          format_gib(m.host_per_rank_bytes)});
   mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total_bytes)});
   out << mt.str();
   if (!p.fits) out << "does not fit: " << p.reason << "\n";

@@ -377,6 +377,8 @@ TEST_CASE("DeepSpeed's host peak while it places the model: 4 B a parameter at s
     const MemoryFeatures f = make_features(m, hw, c).memory;
     const double expected = stage == 0 ? 0.0 : stage <= 2 ? 4.0 * P : 2.0 * P;
     CHECK(f.host_init_bytes == expected);
+    CHECK(predict_memory(f, hw.coefs.data()).host_placement_bytes == expected);
+    CHECK(predict_memory(f, hw.coefs.data()).host_buffers_bytes == 0.0);
     // Without offload the host holds nothing else: the peak is the placement plus the process.
     CHECK(predict_memory(f, hw.coefs.data()).host_per_rank_bytes ==
           doctest::Approx(expected + hw.coefs[kHostBytesPerRank]).epsilon(1e-12));
