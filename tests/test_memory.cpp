@@ -323,7 +323,7 @@ TEST_CASE("fits: 70B does not fit on one H200 without offload, fits with stage-3
   CHECK_FALSE(plain.fits);
   CHECK(plain.reason.find("GiB per GPU") != std::string::npos);
   // 70B x 16 B = 1.1 TB of states: even with everything offloaded it needs
-  // 70e9 x (12 + 4 + 2) B = 1.26 TB of host memory, more than 128 GiB x 1.
+  // 70e9 x (12 + 4 + 2) B = 1.26 TB of host memory, more than the H200 host's 125.8 GiB.
   c.zero_stage = 3;
   c.offload_optimizer = OffloadDevice::kCpu;
   c.offload_params = OffloadDevice::kCpu;
