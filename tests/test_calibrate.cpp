@@ -404,17 +404,26 @@ TEST_CASE("the committed H200 profile names the runs it was fitted from: their b
   CHECK(hw.coefs_source.find("runs fnv1a64:" + fnv1a64_hex(all)) != std::string::npos);
 }
 
-TEST_CASE("run records: the peak allocated is read, and a capped run is a configuration of its own") {
-  // One measured step of the memory hold-out, written three times: as measured, under a cap of
-  // 100 GiB (train --gpu-mem-limit-gib), and without the peak allocated (records before it).
-  const fs::path runs_dir = test::data_dir() / "runs" / "h200-sxm";
-  std::ifstream in(runs_dir / "2026-12-02_memory_v2_holdout_1gpu.jsonl");
+namespace {
+
+// The first measured (not warm-up) step record of the session-22 memory hold-out.
+nlohmann::json first_measured_step_of_memory_holdout() {
+  std::ifstream in(test::data_dir() / "runs" / "h200-sxm" / "2026-12-02_memory_v2_holdout_1gpu.jsonl");
   std::string line;
   nlohmann::json step;
   while (std::getline(in, line)) {
     step = nlohmann::json::parse(line);
     if (!step.value("warmup", false)) break;
   }
+  return step;
+}
+
+}  // namespace
+
+TEST_CASE("run records: the peak allocated is read, and a capped run is a configuration of its own") {
+  // One measured step of the memory hold-out, written three times: as measured, under a cap of
+  // 100 GiB (train --gpu-mem-limit-gib), and without the peak allocated (records before it).
+  nlohmann::json step = first_measured_step_of_memory_holdout();
   const double allocated = step["memory_bytes"]["gpu_peak_allocated"].get<double>();
   REQUIRE(allocated > 0);
   nlohmann::json capped = step, old = step;
@@ -441,14 +450,7 @@ TEST_CASE("run records: the peak allocated is read, and a capped run is a config
 TEST_CASE("run records: the host high-water mark is the largest over the steps, and fitted for every engine") {
   // Two steps of one configuration whose VmHWM grew between them (the mark only grows), and a
   // record without it (0: not measured, no residual).
-  const fs::path runs_dir = test::data_dir() / "runs" / "h200-sxm";
-  std::ifstream in(runs_dir / "2026-12-02_memory_v2_holdout_1gpu.jsonl");
-  std::string line;
-  nlohmann::json step;
-  while (std::getline(in, line)) {
-    step = nlohmann::json::parse(line);
-    if (!step.value("warmup", false)) break;
-  }
+  nlohmann::json step = first_measured_step_of_memory_holdout();
   nlohmann::json later = step, none = step;
   step["memory_bytes"]["host_peak_rss"] = 10.0e9;
   later["memory_bytes"]["host_peak_rss"] = 12.0e9;
