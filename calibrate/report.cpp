@@ -226,9 +226,7 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
         std::snprintf(host_err, sizeof host_err, "%+.1f", r["host_memory_error_pct"].get<double>());
       std::printf("%-62s %8.3f %8.3f %+8.1f %+8.1f %8s %7d\n", r["key"].get<std::string>().c_str(),
                   r["measured_step_s"].get<double>(), r["predicted_step_s"].get<double>(), r["step_error_pct"].get<double>(),
-                  r["memory_error_pct"].get<double>(),
-                  host_err,
-                  r["unseen_dimensions"].get<int>());
+                  r["memory_error_pct"].get<double>(), host_err, r["unseen_dimensions"].get<int>());
     }
   }
   if (j.contains("coefficients")) {

@@ -406,7 +406,7 @@ TEST_CASE("the committed H200 profile names the runs it was fitted from: their b
 
 namespace {
 
-// The first measured (not warm-up) step record of the session-22 memory hold-out.
+// The first measured (not warm-up) step record of the memory hold-out (2026-12-02_memory_v2_holdout_1gpu.jsonl).
 nlohmann::json first_measured_step_of_memory_holdout() {
   std::ifstream in(test::data_dir() / "runs" / "h200-sxm" / "2026-12-02_memory_v2_holdout_1gpu.jsonl");
   std::string line;
