@@ -57,7 +57,7 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   out.gpu_total_bytes = out.gpu_allocated_bytes + out.gpu_reserve_bytes;
   out.gpu_required_bytes = out.gpu_total_bytes - m.gpu_releasable_cache_bytes;
   out.host_buffers_bytes = T(m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes + m.host_pinned_buffers_bytes);
-  out.host_placement_bytes = T(m.host_init_bytes);
+  out.host_placement_bytes = T(m.host_placement_bytes);
   out.host_per_rank_bytes = max(out.host_buffers_bytes, out.host_placement_bytes) + coef[kHostBytesPerRank];
   out.host_node_total_bytes = m.ranks_per_node * out.host_per_rank_bytes;
   return out;

@@ -148,14 +148,14 @@ double pinned_host_bytes(double bytes) {
 
 // Bytes pinned for one host tensor of `bytes_per_param` per parameter for every weight of the
 // model as Hugging Face registers it (q, k, v, gate and up apart: the parts of the layer's
-// projections; embeddings), each rounded up by the allocator on its own.
-double pinned_per_tensor_bytes(const ModelSpec& spec, double bytes_per_param) {
+// projections; embeddings), each tensor cut into `parts` equal partitions (ceil(numel / parts)
+// elements, DeepSpeed's padded partition) and each partition rounded up by the allocator on its own.
+double pinned_per_tensor_bytes(const ModelSpec& spec, double bytes_per_param, double parts = 1.0) {
+  const auto one = [&](double numel) { return pinned_host_bytes(std::ceil(numel / parts) * bytes_per_param); };
   double per_layer = 0.0;
   for (const LayerProjection& p : layer_projections(spec))
-    for (int64_t rows : p.part_rows)
-      per_layer += pinned_host_bytes(static_cast<double>(rows) * static_cast<double>(p.in) * bytes_per_param);
-  const double embed = pinned_host_bytes(static_cast<double>(spec.vocab_size) *
-                                         static_cast<double>(spec.embed_dim()) * bytes_per_param);
+    for (int64_t rows : p.part_rows) per_layer += one(static_cast<double>(rows) * static_cast<double>(p.in));
+  const double embed = one(static_cast<double>(spec.vocab_size) * static_cast<double>(spec.embed_dim()));
   return per_layer * static_cast<double>(spec.num_layers) + embed * (spec.tied_embeddings ? 1.0 : 2.0);
 }
 
@@ -723,8 +723,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       mem.host_grads_bytes = groups * pinned_host_bytes(os_shard / groups * 4.0) + pinned_host_bytes(os_shard * wb);
       mem.host_pinned_buffers_bytes = os_shard * 4.0;
       // With parameter offload the 16-bit partitions live in one pinned flat buffer per parameter
-      // group (param_groups_fp16_flat_cpu_memory).
-      if (offload_par) mem.host_params_bytes = pinned_host_bytes((params / n) * wb);
+      // group (param_groups_fp16_flat_cpu_memory). zero.Init first pins each weight's partition on
+      // its own (partition_parameters.py, _partition_param: pin_memory on the remote device); the
+      // optimizer copies them into the flat buffer and drops them (stage3.py,
+      // _move_to_flat_buffer), and torch's caching host allocator keeps the freed pinned blocks.
+      // Measured on one H200, pythia-2.8b both offloads: host RSS 8.1 GB (bf16) and 15.1 GB (fp32)
+      // above the flat buffer and optimizer buffers; the rounded partitions are 7.5 and 15.0 GB
+      // (2026-12-01_peers_deepspeed_1gpu_c.jsonl, _zero3.jsonl).
+      if (offload_par)
+        mem.host_params_bytes = pinned_host_bytes((params / n) * wb) + pinned_per_tensor_bytes(spec, wb, n);
     } else {
       // FSDP2 CPUOffloadPolicy: the fp32 shard of each parameter and its fp32 gradient on the host.
       mem.host_opt_states_bytes = moments;
@@ -742,7 +749,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // that grows with the node's GPUs (deepspeedai/DeepSpeed issues #1611, #4148, #7677); releases
   // after PR #7828 flatten on the GPU where it has room for a second copy: this models 0.14.5, the
   // version measured.
-  if (c.engine == Engine::kDeepSpeed && stage >= 1) mem.host_init_bytes = stage <= 2 ? 2.0 * wb * params : wb * params / n;
+  if (c.engine == Engine::kDeepSpeed && stage >= 1) mem.host_placement_bytes = stage <= 2 ? 2.0 * wb * params : wb * params / n;
   mem.ranks_per_node = c.gpus_per_node;
   return out;
 }

@@ -117,7 +117,7 @@ struct MemoryFeatures {
   double host_grads_bytes = 0;         // host gradient accumulators (none: shards accumulate on the GPU)
   double host_params_bytes = 0;        // stage-3 parameter offload
   double host_pinned_buffers_bytes = 0;
-  double host_init_bytes = 0;          // held while the engine places the model, before its buffers
+  double host_placement_bytes = 0;     // held while the engine places the model, before its buffers
   double ranks_per_node = 1;
 };
 
