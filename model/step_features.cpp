@@ -297,13 +297,12 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.seq_len = s;
   f.weight_grad_frac = peft ? 0.0 : 1.0;
   // LoRA's work per adapted projection (out x in, S segments) and micro-batch, as transformer.cpp
-  // runs it: x A^T (tokens x S r x in) and the segments' B products (tokens x out x r in all),
-  // GEMMs; then the scale and the add into the base output. Its forward traffic: read x (in),
-  // write, scale and add B's output (write out; read and write out; read two and write one out):
-  // in + 6 out elements per token, and 2 out more where the segments' outputs are concatenated.
-  // Its backward: the scaled gradient (read and write out), B's gradients (read out twice), A's
-  // (read in, write in) and the add into the input gradient (read two, write one in): 5 in + 4 out.
-  // A dropout on the adapter input reads and writes in once more each way.
+  // runs it: x A^T (tokens x S r x in), then one GEMM y + scale low B^T against B's segments as a
+  // block-diagonal (out x S r) matrix, which reads the base output and writes the sum. Its
+  // forward traffic beyond the GEMMs' operands: read x (in), read y and write the sum (2 out).
+  // Its backward: the output gradient passes to y as it is; B's and low's gradients read it
+  // (2 out), A's gradient reads x and writes its input gradient, added into the base's (read two,
+  // write one in): 5 in + 2 out. A dropout on the adapter input reads and writes in once more each way.
   double lora_act_per_layer = 0.0;
   if (peft) {
     const double r = static_cast<double>(c.lora_rank);
@@ -311,11 +310,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     for (const Projection& p : projections(spec, c)) {
       if (!p.adapted) continue;
       f.adapter_gemms[k++] = GemmShape{tokens, p.segments * r, p.in, L};
-      f.adapter_gemms[k++] = GemmShape{tokens, p.out, r, L};
+      f.adapter_gemms[k++] = GemmShape{tokens, p.out, p.segments * r, L};
       const double drop = c.lora_dropout > 0.0 ? 2.0 * p.in : 0.0;
-      const double concat = p.segments > 1.0 ? 2.0 * p.out : 0.0;
-      f.adapter_bytes_fwd += tokens * L * wb * (p.in + 6.0 * p.out + concat + drop);
-      f.adapter_bytes_bwd += tokens * L * wb * (5.0 * p.in + 4.0 * p.out + drop);
+      f.adapter_bytes_fwd += tokens * L * wb * (p.in + 2.0 * p.out + drop);
+      f.adapter_bytes_bwd += tokens * L * wb * (5.0 * p.in + 2.0 * p.out + drop);
       // Saved for the backward: A's output (r) and, with dropout, the dropped input (in).
       lora_act_per_layer += p.segments * r + (c.lora_dropout > 0.0 ? p.in : 0.0);
     }

@@ -163,10 +163,13 @@ TEST_CASE("LoRA and QLoRA: stages 1-3, with and without CPU offload, equal stage
                       " --dump-params " + out.string()) == 0);
         // With GAS 2, stages 2-3 add the micro-batches' gradients after reducing each, stages 0-1
         // before the one reduce: the sums round differently, and Adam's step divides the adapters'
-        // small first gradients by their own scale, which magnifies it (measured: LoRA 1.9e-6,
-        // QLoRA 3.5e-6). With one micro-batch the order is the same and every stage must give
-        // stage 0's adapters bit for bit (below).
-        CHECK(rel_error(load_params(out), reference) < g_tol);
+        // small first gradients by their own scale, which magnifies it in the element whose
+        // gradient is nearest zero (measured on the CPU: LoRA 1.9e-6; QLoRA 2.4e-5, one element
+        // of 8960, where every other is within 3e-6). A micro-batch or a rank left out of the sum
+        // moves the adapters by about the learning rate (1e-2 against 0.14: 7e-2). With one
+        // micro-batch the order is the same and every stage must give stage 0's adapters bit for
+        // bit (below).
+        CHECK(rel_error(load_params(out), reference) < std::max(g_tol, 1e-4));
       }
     const std::string one = std::string(kBase) + ranks() + " --gas 1 --lr 1e-2 --peft " + peft +
                             " --lora-rank 4 --lora-alpha 8";

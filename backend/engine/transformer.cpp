@@ -58,21 +58,17 @@ torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, co
   if (p.has(stem + ".lora_a")) {
     const torch::Tensor a_in = lora_.dropout > 0.0 ? torch::dropout(x, lora_.dropout, /*train=*/true) : x;
     const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);  // (..., S r)
+    // y + scale * low B^T in one GEMM that reads y and writes the sum: no product, concatenation
+    // or scaled copy of the output materialised. Fused projections take segment s of the output
+    // from their own rank-r slice of `low`: B's segments as one block-diagonal (out, S r) matrix.
     const torch::Tensor& b = p[stem + ".lora_b"];
-    torch::Tensor delta;
     const LayerProjection* fused = find_projection(projections_, stem);
-    if (fused != nullptr && fused->part_rows.size() > 1) {
-      // Fused projections: segment s of the output from its own rank-r slice of `low`.
-      const std::vector<int64_t>& rows = fused->part_rows;
-      const auto lows = low.chunk(static_cast<int64_t>(rows.size()), -1);
-      const auto bs = b.split_with_sizes(rows, 0);
-      std::vector<torch::Tensor> parts;
-      for (size_t k = 0; k < rows.size(); ++k) parts.push_back(torch::nn::functional::linear(lows[k], bs[k]));
-      delta = torch::cat(parts, -1);
-    } else {
-      delta = torch::nn::functional::linear(low, b);
-    }
-    y = y + delta * lora_.scale;
+    const torch::Tensor b_mat = fused != nullptr && fused->part_rows.size() > 1
+                                    ? torch::block_diag(b.split_with_sizes(fused->part_rows, 0))
+                                    : b;
+    const std::vector<int64_t> out_shape = y.sizes().vec();
+    y = torch::addmm(y.flatten(0, -2), low.flatten(0, -2), b_mat.t(), /*beta=*/1.0, /*alpha=*/lora_.scale)
+            .view(out_shape);
   }
   return y;
 }
