@@ -161,6 +161,8 @@ std::set<std::array<int64_t, 3>> gemm_shapes(const Flags& f, const std::filesyst
   return shapes;
 }
 
+void run_attention(Bench& b, Runtime& rt, const Flags& f);
+
 void run_compute(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::path& dir) {
   // bf16 on the GPU as in training; fp32 on the CPU (its bf16 GEMMs are not what a CPU run measures).
   const auto opts = torch::TensorOptions().dtype(rt.is_cuda() ? torch::kBFloat16 : torch::kFloat).device(rt.device());
@@ -172,35 +174,53 @@ void run_compute(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::p
     b.emit({{"bench", "gemm"}, {"m", s[0]}, {"n", s[1]}, {"k", s[2]}, {"dtype", dtype}, {"seconds", sec}},
            "gemm " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]));
   }
-  // Causal attention at 16 Ki tokens (quick: 512) per call, 32 heads of 128.
+  run_attention(b, rt, f);
+}
+
+// Causal attention forward, and its backward alone, on `tokens` tokens per call of `batch` x `s`.
+void time_attention(Bench& b, const torch::TensorOptions& opts, const std::string& dtype, int64_t heads,
+                    int64_t head_dim, int64_t s, int64_t batch) {
+  auto q = torch::randn({batch, heads, s, head_dim}, opts), k = torch::randn_like(q), v = torch::randn_like(q);
+  torch::Tensor o;
+  const double sec = b.time_s(3, [&] { o = compat::causal_attention(q, k, v); });
+  const nlohmann::json shape = {{"batch", batch}, {"heads", heads}, {"seq_len", s}, {"head_dim", head_dim},
+                                {"causal", true}, {"kernel", compat::kTorch2 ? "sdpa" : "math"}, {"dtype", dtype}};
+  const std::string what = "s" + std::to_string(s) + " b" + std::to_string(batch) + " d" + std::to_string(head_dim);
+  nlohmann::json j = shape;
+  j["bench"] = "attention";
+  j["seconds"] = sec;
+  b.emit(j, "attention " + what);
+  // Backward alone: forward + backward, less the forward.
+  q.requires_grad_(true);
+  k.requires_grad_(true);
+  v.requires_grad_(true);
+  auto grad_o = torch::randn_like(q);
+  const double both = b.time_s(2, [&] {
+    auto out = compat::causal_attention(q, k, v);
+    out.backward(grad_o);
+  });
+  j = shape;
+  j["bench"] = "attention_bwd";
+  j["seconds"] = std::max(both - sec, 1e-9);
+  j["forward_backward_seconds"] = both;
+  b.emit(j, "attention backward " + what);
+}
+
+void run_attention(Bench& b, Runtime& rt, const Flags& f) {
+  const auto opts = torch::TensorOptions().dtype(rt.is_cuda() ? torch::kBFloat16 : torch::kFloat).device(rt.device());
+  const std::string dtype = rt.is_cuda() ? "bf16" : "fp32";
+  // By sequence: 16 Ki tokens (quick: 512) per call, 32 heads of 128.
   const int64_t heads = f.quick ? 4 : 32, head_dim = f.quick ? 32 : 128, tokens = f.quick ? 512 : 16384;
   const std::vector<int64_t> seqs = f.quick ? std::vector<int64_t>{64, 128, 256} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
-  for (int64_t s : seqs) {
-    const int64_t batch = std::max<int64_t>(1, tokens / s);
-    auto q = torch::randn({batch, heads, s, head_dim}, opts), k = torch::randn_like(q), v = torch::randn_like(q);
-    torch::Tensor o;
-    const double sec = b.time_s(3, [&] { o = compat::causal_attention(q, k, v); });
-    const nlohmann::json shape = {{"batch", batch}, {"heads", heads}, {"seq_len", s}, {"head_dim", head_dim},
-                                  {"causal", true}, {"kernel", compat::kTorch2 ? "sdpa" : "math"}, {"dtype", dtype}};
-    nlohmann::json j = shape;
-    j["bench"] = "attention";
-    j["seconds"] = sec;
-    b.emit(j, "attention s" + std::to_string(s) + " b" + std::to_string(batch));
-    // Backward alone: forward + backward, less the forward.
-    q.requires_grad_(true);
-    k.requires_grad_(true);
-    v.requires_grad_(true);
-    auto grad_o = torch::randn_like(q);
-    const double both = b.time_s(2, [&] {
-      auto out = compat::causal_attention(q, k, v);
-      out.backward(grad_o);
-    });
-    j = shape;
-    j["bench"] = "attention_bwd";
-    j["seconds"] = std::max(both - sec, 1e-9);
-    j["forward_backward_seconds"] = both;
-    b.emit(j, "attention backward s" + std::to_string(s) + " b" + std::to_string(batch));
-  }
+  for (int64_t s : seqs) time_attention(b, opts, dtype, heads, head_dim, s, std::max<int64_t>(1, tokens / s));
+  // By head dimension, at a short and a long sequence (the kernels pad a head to their tile and
+  // spend per score on the softmax what does not scale with it): the families' heads of 64-256.
+  const std::vector<int64_t> dims = f.quick ? std::vector<int64_t>{16, 24} : std::vector<int64_t>{64, 80, 96, 128, 256};
+  const std::vector<int64_t> dim_seqs = f.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{2048, 16384};
+  for (int64_t s : dim_seqs)
+    for (int64_t d : dims)
+      if (d != head_dim || std::find(seqs.begin(), seqs.end(), s) == seqs.end())
+        time_attention(b, opts, dtype, heads, d, s, std::max<int64_t>(1, tokens / s));
 }
 
 // Each collective on buffers of 1 MiB to 1 GiB (quick: 64 KiB to 4 MiB); the
@@ -350,7 +370,7 @@ int run_rank(const Flags& f) {
 
   const std::vector<std::string> suites = split_comma_list(f.suites);
   for (const auto& s : suites)
-    if (s != "compute" && s != "collectives" && s != "offload" && s != "optimizer")
+    if (s != "compute" && s != "attention" && s != "collectives" && s != "offload" && s != "optimizer")
       throw InputError("--suite \"" + s + "\" is not valid (valid: compute, collectives, offload, optimizer)");
   auto has = [&](const char* s) { return std::find(suites.begin(), suites.end(), s) != suites.end(); };
 
@@ -383,6 +403,7 @@ int run_rank(const Flags& f) {
   }
   {
     if (has("compute")) run_compute(b, *rt, f, dir);
+    if (has("attention") && !has("compute")) run_attention(b, *rt, f);
     if (has("offload")) run_offload(b, *rt);
     if (has("optimizer")) run_optimizer(b, *rt, f);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -399,7 +420,7 @@ int main_impl(int argc, char** argv) {
   CLI::App app{"Stepcast microbench: times GEMMs, attention, collectives, PCIe copies and optimizers alone, for calibrate's component fit."};
   Flags f;
   app.add_option("--out", f.out, "JSONL file to append the measurements to")->required();
-  app.add_option("--suite", f.suites, "comma-separated: compute, collectives, offload, optimizer")->capture_default_str();
+  app.add_option("--suite", f.suites, "comma-separated: compute (GEMMs and attention), attention (alone), collectives, offload, optimizer")->capture_default_str();
   app.add_option("--models", f.models, "models whose GEMM shapes to time")->capture_default_str();
   app.add_option("--nproc", f.nproc, "ranks for the collectives (one per GPU)")->capture_default_str();
   app.add_option("--repeats", f.repeats, "timed repetitions per measurement (median)")->capture_default_str();
