@@ -54,9 +54,10 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
     case MicroBench::kAttentionBwd: {
       const double fwd_flops =
           causal_attention_fwd_flops(r.batch, r.seq_len, r.heads * r.head_dim, AttentionKind::kFlash);
+      const AttnHeadDimRel rel = attention_head_dim_rel(hw.gpu, r.head_dim);
       return r.bench == MicroBench::kAttention
-                 ? attention_fwd_time_s(fwd_flops, r.seq_len, false, bf16_peak, coef)
-                 : attention_bwd_time_s(fwd_flops, r.seq_len, kFlashAttnBwdFlopsMult, false, bf16_peak, coef);
+                 ? attention_fwd_time_s(fwd_flops, r.seq_len, false, bf16_peak, coef) * rel.fwd
+                 : attention_bwd_time_s(fwd_flops, r.seq_len, kFlashAttnBwdFlopsMult, false, bf16_peak, coef) * rel.bwd;
     }
     case MicroBench::kAllReduce:
       return collective_time_s(r.bytes, 1.0, allreduce_bus_factor(n), true, hw.links.intra_node_bytes_per_s, false, 0.0,

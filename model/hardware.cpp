@@ -1,6 +1,7 @@
 #include "model/hardware.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -134,7 +135,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   TomlReader g = r.subtable("gpu");
   g.reject_unknown_keys({"name", "memory_bytes", "memory_bytes_per_s", "peak_bf16_flops_per_s",
                          "peak_fp16_flops_per_s", "peak_tf32_flops_per_s",
-                         "peak_fp32_flops_per_s", "matmul_eff_rel_h200"});
+                         "peak_fp32_flops_per_s", "matmul_eff_rel_h200", "attention_head_dim_s"});
   hw.gpu.name = g.get_string("name");
   hw.gpu.memory_bytes = sourced(g, "memory_bytes", 1e8, 1e13);
   hw.gpu.memory_bytes_per_s = sourced(g, "memory_bytes_per_s", 1e9, 1e14);
@@ -143,6 +144,24 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   hw.gpu.peak_tf32_flops_per_s = sourced(g, "peak_tf32_flops_per_s", 1e11, 1e17);
   hw.gpu.peak_fp32_flops_per_s = sourced(g, "peak_fp32_flops_per_s", 1e11, 1e17);
   if (g.has("matmul_eff_rel_h200")) hw.gpu.matmul_eff_rel_h200 = sourced(g, "matmul_eff_rel_h200", 0.2, 5.0);
+  if (const auto t = g.subtable_opt("attention_head_dim_s")) {
+    hw.gpu.attention_head_dim_source = t->get_string("source");
+    for (const auto& [key, node] : t->table()) {
+      const std::string name(key.str());
+      if (name == "source") continue;
+      int dim = 0;
+      const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), dim);
+      if (ec != std::errc() || end != name.data() + name.size() || dim < 8 || dim > 1024)
+        throw InputError(origin + ": key '" + t->key_path(name) +
+                         "' is not a head dimension (valid: an integer 8-1024, or source)");
+      const TomlReader c = t->subtable(name);
+      c.reject_unknown_keys({"fwd_s", "bwd_s"});
+      hw.gpu.attention_head_dim_s[dim] = {c.get_double("fwd_s", 1e-9, 100.0), c.get_double("bwd_s", 1e-9, 100.0)};
+    }
+    if (!hw.gpu.attention_head_dim_s.contains(128))
+      throw InputError(origin + ": " + t->key_path("128") +
+                       ": missing (the head dimension the attention coefficients are fitted at)");
+  }
 
   TomlReader h = r.subtable("host");
   h.reject_unknown_keys({"pcie_gen", "h2d_bytes_per_s", "d2h_bytes_per_s", "cpu_cores_per_gpu",
@@ -427,7 +446,31 @@ void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref) {
   }
 }
 
-void transfer_host_profile(HardwareProfile& hw, const HardwareProfile& ref) {
+AttnHeadDimRel attention_head_dim_rel(const GpuSpec& gpu, double head_dim) {
+  const auto& t = gpu.attention_head_dim_s;
+  if (t.empty()) return {};
+  const auto at = [&](double d) {  // measured seconds at d, linear between measured dimensions
+    const auto hi = t.lower_bound(static_cast<int>(std::ceil(d)));
+    if (hi == t.end()) return std::pair{std::prev(hi)->second, static_cast<double>(std::prev(hi)->first)};
+    if (hi == t.begin() || hi->first == d) return std::pair{hi->second, static_cast<double>(hi->first)};
+    const auto lo = std::prev(hi);
+    const double w = (d - lo->first) / static_cast<double>(hi->first - lo->first);
+    return std::pair{GpuSpec::AttnHeadDimCost{lo->second.fwd_s + w * (hi->second.fwd_s - lo->second.fwd_s),
+                                              lo->second.bwd_s + w * (hi->second.bwd_s - lo->second.bwd_s)},
+                     d};
+  };
+  const auto [cost, dim] = at(head_dim);  // outside the table: the nearest dimension's ratio
+  const GpuSpec::AttnHeadDimCost& ref = t.at(128);
+  return {cost.fwd_s / ref.fwd_s * 128.0 / dim, cost.bwd_s / ref.bwd_s * 128.0 / dim};
+}
+
+void transfer_measured_tables(HardwareProfile& hw, const HardwareProfile& ref) {
+  // The flash kernels are the same code on every GPU the profiles describe (FlashAttention-2 in
+  // torch's SDPA): how their time grows with the head dimension transfers with the engine.
+  if (hw.gpu.attention_head_dim_s.empty() && !ref.gpu.attention_head_dim_s.empty()) {
+    hw.gpu.attention_head_dim_s = ref.gpu.attention_head_dim_s;
+    hw.gpu.attention_head_dim_source = "transferred from " + ref.name + ": " + ref.gpu.attention_head_dim_source;
+  }
   if (!hw.host.transformers_layer_s.empty() || ref.host.transformers_layer_s.empty()) return;
   hw.host.transformers_layer_s = ref.host.transformers_layer_s;
   hw.host.transformers_layer_source = "transferred from " + ref.name + ": " + ref.host.transformers_layer_source;
@@ -463,7 +506,7 @@ HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_d
                          "\" names no other profile in " + (data_dir / "hardware").string());
       const HardwareProfile ref = load_hardware_profile(ref_file);
       transfer_engine_sections(hw, ref);
-      transfer_host_profile(hw, ref);
+      transfer_measured_tables(hw, ref);
     }
     return hw;
   }

@@ -30,8 +30,26 @@ struct GpuSpec {
   // shapes) relative to the H200's, on which the GEMM coefficients are fitted: 1 on the H200 and
   // where nobody published the figure. The GEMM time divides by it (step_features.cpp).
   double matmul_eff_rel_h200 = 1.0;
+  // [gpu.attention_head_dim_s]: the fused (flash) causal attention kernel's forward and backward
+  // seconds at one shape (heads, sequence, tokens) for each head dimension measured by
+  // `microbench --suite attention`. The attention coefficients are fitted at heads of 128; a head of
+  // d costs its FLOPs times attention_head_dim_rel(d). Empty: every head costs as one of 128.
+  struct AttnHeadDimCost {
+    double fwd_s = 0, bwd_s = 0;
+  };
+  std::map<int, AttnHeadDimCost> attention_head_dim_s;
+  std::string attention_head_dim_source;
   double peak_flops_per_s(Precision p) const;
 };
+
+// Time per FLOP of the flash attention kernels at head dimension `head_dim` relative to a head
+// of 128 (GpuSpec::attention_head_dim_s), forward and backward: the measured time scaled by
+// 128 / d (the FLOPs grow with d), linear in d between measured dimensions and the nearest
+// measured one's ratio outside them; 1 without a table.
+struct AttnHeadDimRel {
+  double fwd = 1, bwd = 1;
+};
+AttnHeadDimRel attention_head_dim_rel(const GpuSpec& gpu, double head_dim);
 
 // The Hugging Face model_types the peer harness builds (bench/peers/peer.py, hf_config).
 inline constexpr std::array<std::string_view, 5> kPeerModelTypes = {"llama", "mistral", "qwen2", "gpt_neox", "gptj"};
@@ -210,13 +228,14 @@ std::vector<std::string> list_hardware(const std::filesystem::path& data_dir);
 // they belong to the model implementation a source ran, which another team's runs do not share.
 void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref);
 
-// The peers' per-layer host cost belongs to a host, not a GPU: a profile without its own table
-// takes `ref`'s, the one measured host cost there is, marked transferred.
-void transfer_host_profile(HardwareProfile& hw, const HardwareProfile& ref);
+// The measured tables of code that runs the same everywhere: the peers' per-layer host cost
+// (a host's, not a GPU's) and the flash kernels' cost by head dimension. A profile without its
+// own table takes `ref`'s, marked transferred.
+void transfer_measured_tables(HardwareProfile& hw, const HardwareProfile& ref);
 
 // A profile name from the catalog or a path to a .toml file; unknown names list the known ones.
 // A catalog profile with [coefficients] engines_from takes that profile's engine sections
-// (transfer_engine_sections) and, lacking its own, its host profile (transfer_host_profile).
+// (transfer_engine_sections) and, lacking its own, its measured tables (transfer_measured_tables).
 HardwareProfile resolve_hardware(const std::string& name_or_path,
                                  const std::filesystem::path& data_dir);
 

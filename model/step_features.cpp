@@ -271,6 +271,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   if (c.attention == AttentionKind::kFlash) {
     f.attn_bwd_flops_mult = kFlashAttnBwdFlopsMult;
     f.attn_uses_gemm_eff = 0;
+    const AttnHeadDimRel rel = attention_head_dim_rel(hw.gpu, static_cast<double>(spec.head_dim));
+    f.attn_head_dim_rel_fwd = rel.fwd;
+    f.attn_head_dim_rel_bwd = rel.bwd;
   } else {
     f.attn_bwd_flops_mult = 2.0;
     f.attn_uses_gemm_eff = 1;

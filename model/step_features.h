@@ -28,6 +28,9 @@ struct StepFeatures {
   double attn_fwd_flops = 0;       // score and value products as executed (causal half for flash)
   double attn_bwd_flops_mult = 0;  // backward/forward FLOPs of attention (2.5 flash, 2 math)
   double attn_uses_gemm_eff = 0;   // 1 for math attention (runs as batched GEMMs)
+  // Flash kernels: time per FLOP at the model's head dimension relative to a head of 128
+  // (attention_head_dim_rel), forward and backward.
+  double attn_head_dim_rel_fwd = 1, attn_head_dim_rel_bwd = 1;
   double attn_score_bytes_fwd = 0;  // HBM traffic of the materialised scores in one forward (peers' eager path)
   double attn_score_bytes_bwd = 0;  // and in one backward
   double weight_grad_frac = 1;     // share of the forward GEMMs whose weight gradients the backward computes (PEFT: 0)

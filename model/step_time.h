@@ -198,7 +198,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   T gemm_fwd_s(0.0);
   for (const GemmShape& g : f.gemms) gemm_fwd_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef);
   const T attn_fwd_s =
-      attention_fwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_uses_gemm_eff > 0.0, f.peak_flops_per_s, coef);
+      attention_fwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_uses_gemm_eff > 0.0, f.peak_flops_per_s, coef) *
+      f.attn_head_dim_rel_fwd;
   const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;
   const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
 
@@ -224,7 +225,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       coef[kBackwardSlowdownMult] * ((1.0 + f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
       adapter_bwd_s +
       attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
-                           f.peak_flops_per_s, coef) +
+                           f.peak_flops_per_s, coef) *
+          f.attn_head_dim_rel_bwd +
       overhead_s + local_gather_s + grad_accum_s + f.attn_score_bytes_bwd / f.hbm_bytes_per_s;
   // The host's time to issue a layer: the engine's (fitted), scaled for a peer by its model
   // implementation's measured cost relative to the profiled families (transformers' Python).

@@ -819,3 +819,75 @@ TEST_CASE("the peers' per-layer host cost: transformers' profile, relative by fa
                        doctest::Contains("fwd_s"), InputError);
   CHECK_THROWS_AS(parse_with("[host.transformers_layer_s]\nllama = { fwd_s = 1e-3, bwd_s = 1e-3 }\n"), InputError);
 }
+
+TEST_CASE("flash attention by head dimension: the microbenchmark's table, time per FLOP relative to 128") {
+  const HardwareProfile hw = hardware("h200-sxm");
+  // The committed table is microbench's measurement: its records at 16384 tokens a sequence.
+  std::istringstream lines(read_text_file(test::data_dir() / "runs/h200-sxm/2026-12-03_attention_head_dim_micro.jsonl"));
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    if (r.value("kind", "") != "micro" || r.at("seq_len").get<int>() != 16384) continue;
+    const auto& cost = hw.gpu.attention_head_dim_s.at(r.at("head_dim").get<int>());
+    const double s = r.at("seconds").get<double>();
+    CHECK(test::close(r.at("bench").get<std::string>() == "attention" ? cost.fwd_s : cost.bwd_s, s, 1e-6));
+    ++rows;
+  }
+  CHECK(rows == 2 * static_cast<int>(hw.gpu.attention_head_dim_s.size()));
+  // By hand on a made-up table: 128 takes 4 / 8 ms; 64 takes 3 / 4 ms, so a FLOP there costs
+  // 3/4 x 2 = 1.5 and 4/8 x 2 = 1 of one at 128; 96, half way, takes 3.5 / 6 ms, x 128/96: 7/6 and
+  // 1. Outside the table the nearest dimension's ratio; 128 itself is 1.
+  GpuSpec g;
+  g.attention_head_dim_s = {{64, {3e-3, 4e-3}}, {128, {4e-3, 8e-3}}};
+  CHECK(test::close(attention_head_dim_rel(g, 64).fwd, 1.5, 1e-12));
+  CHECK(test::close(attention_head_dim_rel(g, 64).bwd, 1.0, 1e-12));
+  CHECK(test::close(attention_head_dim_rel(g, 96).fwd, 3.5 / 4.0 * 128.0 / 96.0, 1e-12));
+  CHECK(test::close(attention_head_dim_rel(g, 96).bwd, 6.0 / 8.0 * 128.0 / 96.0, 1e-12));
+  CHECK(attention_head_dim_rel(g, 128).fwd == 1.0);
+  CHECK(test::close(attention_head_dim_rel(g, 32).fwd, 1.5, 1e-12));
+  CHECK(attention_head_dim_rel(g, 256).bwd == 1.0);
+  CHECK(attention_head_dim_rel(GpuSpec{}, 80).fwd == 1.0);
+  // Measured: pythia's heads of 80 run in the kernel for 96 (3.34 against 3.44 ms), so a FLOP
+  // there costs about 1.6 of one at 128 forward and 1.4 backward.
+  const AttnHeadDimRel pythia = attention_head_dim_rel(hw.gpu, 80);
+  CHECK(pythia.fwd > 1.5);
+  CHECK(pythia.bwd > 1.3);
+  // The step's attention takes it: pythia-2.8b's flash attention at 16384 tokens a sequence costs
+  // the ratio's times more than with the table absent.
+  TrainConfig c;
+  c.seq_len = 16384;
+  c.activation_checkpointing = true;
+  const StepFeatures f = make_features(model("pythia-2.8b"), hw, c).step;
+  CHECK(f.attn_head_dim_rel_fwd == pythia.fwd);
+  CHECK(f.attn_head_dim_rel_bwd == pythia.bwd);
+  HardwareProfile bare = hw;
+  bare.gpu.attention_head_dim_s.clear();
+  const StepFeatures f1 = make_features(model("pythia-2.8b"), bare, c).step;
+  const StepTime<double> with = predict_step_time(f, hw.coefs.data()), without = predict_step_time(f1, hw.coefs.data());
+  CHECK(with.forward_s > without.forward_s);
+  CHECK(with.backward_s > without.backward_s);
+  // Math attention runs as batched GEMMs: the table does not apply.
+  c.attention = AttentionKind::kMath;
+  CHECK(make_features(model("pythia-2.8b"), hw, c).step.attn_head_dim_rel_fwd == 1.0);
+  // A profile without a table takes the reference's (engines_from), marked transferred.
+  const HardwareProfile a100 = hardware("a100-80gb-sxm");
+  CHECK(a100.gpu.attention_head_dim_s.size() == hw.gpu.attention_head_dim_s.size());
+  CHECK(a100.gpu.attention_head_dim_source.starts_with("transferred from h200-sxm"));
+  // Bad input names the file and the key; a table without 128 has no reference.
+  std::string text = read_text_file(hw.path);
+  const size_t from = text.find("[gpu.attention_head_dim_s]");
+  const size_t to = text.find("[host]");
+  REQUIRE(from != std::string::npos);
+  REQUIRE(to != std::string::npos);
+  const auto parse_with = [&](const std::string& t) {
+    return parse_hardware_profile(text.substr(0, from) + t + "\n" + text.substr(to), "t.toml");
+  };
+  CHECK_THROWS_WITH_AS(parse_with("[gpu.attention_head_dim_s]\nsource = \"x\"\nwide = { fwd_s = 1e-3, bwd_s = 1e-3 }\n"),
+                       doctest::Contains("t.toml: key 'gpu.attention_head_dim_s.wide' is not a head dimension"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(parse_with("[gpu.attention_head_dim_s]\nsource = \"x\"\n64 = { fwd_s = 1e-3, bwd_s = 1e-3 }\n"),
+                       doctest::Contains("128"), InputError);
+  CHECK_THROWS_WITH_AS(parse_with("[gpu.attention_head_dim_s]\nsource = \"x\"\n128 = { fwd_s = -1e-3, bwd_s = 1e-3 }\n"),
+                       doctest::Contains("fwd_s"), InputError);
+}
