@@ -280,7 +280,7 @@ TEST_CASE("the Accelerate FSDP2 config of a plan") {
 
 TEST_CASE("a plan names the regime dimensions it extrapolates in, with the calibrated range") {
   // The committed h200-sxm interval model: its fitted runs are on 1 and 2 GPUs of one node,
-  // sequences 512-8192 (data/hardware/h200-sxm.toml, [coefficients.interval]).
+  // sequences 512-32768 (data/hardware/h200-sxm.toml, [coefficients.interval]).
   const ModelSpec m = test::model("llama-2-7b");
   const HardwareProfile hw = test::hardware("h200-sxm");
   const ReportContext ctx{&m, &hw, 0};
@@ -294,13 +294,14 @@ TEST_CASE("a plan names the regime dimensions it extrapolates in, with the calib
   TrainConfig far = inside;
   far.gpus_per_node = 8;
   far.nodes = 2;
-  far.seq_len = 16384;
+  far.seq_len = 65536;
   far.micro_batch = 1;
+  far.activation_checkpointing = true;
   const nlohmann::json b = plan_to_json(evaluate(m, hw, far), ctx);
   REQUIRE(b["extrapolated_dimensions"].size() == 3);
   CHECK(b["extrapolated_dimensions"][0] == "GPUs 16 (calibrated: 1/2)");
   CHECK(b["extrapolated_dimensions"][1] == "nodes 2 (calibrated: 1)");
-  CHECK(b["extrapolated_dimensions"][2] == "sequence 16384 (calibrated: 512-8192)");
+  CHECK(b["extrapolated_dimensions"][2] == "sequence 65536 (calibrated: 512-32768)");
   // An uncalibrated profile lists none: its header says it is transferred.
   const HardwareProfile a40 = test::hardware("a40");
   const ReportContext ctx40{&m, &a40, 0};
