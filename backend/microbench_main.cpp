@@ -144,6 +144,28 @@ void print_ratios(const std::vector<nlohmann::json>& recs) {
                    r.contains("threads") ? (", " + std::to_string(r["threads"].get<int>()) + " threads").c_str() : "",
                    (*fp32)["seconds"].get<double>() / r["seconds"].get<double>());
   }
+  // Attention: time per FLOP at each head dimension against the sequence sweep's head (the first
+  // attention record's) at the same sequence length and batch.
+  const nlohmann::json* first = find(is("attention"));
+  if (first == nullptr) return;
+  const double ref_dim = (*first)["head_dim"].get<double>();
+  for (const auto& r : recs) {
+    if (r["bench"] != "attention" || r["head_dim"].get<double>() == ref_dim) continue;
+    const auto same = [&](const char* bench, double dim) {
+      return find([&](const nlohmann::json& q) {
+        return q["bench"] == bench && q["head_dim"].get<double>() == dim && q["seq_len"] == r["seq_len"] &&
+               q["batch"] == r["batch"];
+      });
+    };
+    const auto* ref = same("attention", ref_dim);
+    const auto* bwd = same("attention_bwd", r["head_dim"].get<double>());
+    const auto* ref_bwd = same("attention_bwd", ref_dim);
+    if (!ref || !bwd || !ref_bwd) continue;
+    const double d = r["head_dim"].get<double>(), flops = ref_dim / d;
+    std::fprintf(stderr, "  attention head %.0f vs %.0f (s %.0f): %.2fx forward, %.2fx backward time per FLOP\n", d,
+                 ref_dim, r["seq_len"].get<double>(), r["seconds"].get<double>() / (*ref)["seconds"].get<double>() * flops,
+                 (*bwd)["seconds"].get<double>() / (*ref_bwd)["seconds"].get<double>() * flops);
+  }
 }
 
 // GEMM shapes of the cost model's five classes for each model at a few token
@@ -371,7 +393,7 @@ int run_rank(const Flags& f) {
   const std::vector<std::string> suites = split_comma_list(f.suites);
   for (const auto& s : suites)
     if (s != "compute" && s != "attention" && s != "collectives" && s != "offload" && s != "optimizer")
-      throw InputError("--suite \"" + s + "\" is not valid (valid: compute, collectives, offload, optimizer)");
+      throw InputError("--suite \"" + s + "\" is not valid (valid: compute, attention, collectives, offload, optimizer)");
   auto has = [&](const char* s) { return std::find(suites.begin(), suites.end(), s) != suites.end(); };
 
   if (lead) append_lines(f.out, "");  // fails now, naming --out's path

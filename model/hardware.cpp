@@ -449,19 +449,18 @@ void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref) {
 AttnHeadDimRel attention_head_dim_rel(const GpuSpec& gpu, double head_dim) {
   const auto& t = gpu.attention_head_dim_s;
   if (t.empty()) return {};
-  const auto at = [&](double d) {  // measured seconds at d, linear between measured dimensions
-    const auto hi = t.lower_bound(static_cast<int>(std::ceil(d)));
-    if (hi == t.end()) return std::pair{std::prev(hi)->second, static_cast<double>(std::prev(hi)->first)};
-    if (hi == t.begin() || hi->first == d) return std::pair{hi->second, static_cast<double>(hi->first)};
+  // Outside the table the nearest dimension's ratio; between measured dimensions the time is linear.
+  const double d = std::clamp(head_dim, static_cast<double>(t.begin()->first), static_cast<double>(t.rbegin()->first));
+  const auto hi = t.lower_bound(static_cast<int>(std::ceil(d)));
+  GpuSpec::AttnHeadDimCost cost = hi->second;
+  if (hi->first != d) {
     const auto lo = std::prev(hi);
     const double w = (d - lo->first) / static_cast<double>(hi->first - lo->first);
-    return std::pair{GpuSpec::AttnHeadDimCost{lo->second.fwd_s + w * (hi->second.fwd_s - lo->second.fwd_s),
-                                              lo->second.bwd_s + w * (hi->second.bwd_s - lo->second.bwd_s)},
-                     d};
-  };
-  const auto [cost, dim] = at(head_dim);  // outside the table: the nearest dimension's ratio
+    cost = {lo->second.fwd_s + w * (hi->second.fwd_s - lo->second.fwd_s),
+            lo->second.bwd_s + w * (hi->second.bwd_s - lo->second.bwd_s)};
+  }
   const GpuSpec::AttnHeadDimCost& ref = t.at(128);
-  return {cost.fwd_s / ref.fwd_s * 128.0 / dim, cost.bwd_s / ref.bwd_s * 128.0 / dim};
+  return {cost.fwd_s / ref.fwd_s * 128.0 / d, cost.bwd_s / ref.bwd_s * 128.0 / d};
 }
 
 void transfer_measured_tables(HardwareProfile& hw, const HardwareProfile& ref) {
