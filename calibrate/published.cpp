@@ -25,7 +25,7 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, bool grad
   t.reject_unknown_keys({"where", "model", "hardware", "gpus", "seq", "micro_batch", "gas", "precision",
                          "checkpointing", "stage", "offload_optimizer", "offload_params", "optimizer",
                          "tokens_per_s_per_gpu", "step_s", "gas_time_s", "opt_time_s", "peak_memory_gib",
-                         "cpu_cores_per_node", "cpu_mem_gib_per_node", "cpu_threads_per_rank"});
+                         "cpu_cores_per_node", "cpu_mem_gib_per_node", "cpu_threads_per_rank", "attention"});
   PublishedRow r;
   r.where = t.get_string("where");
   r.model_name = t.get_string("model");
@@ -65,6 +65,9 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, bool grad
                                       t.origin() + ": " + t.key_path("offload_optimizer"));
   c.offload_params = parse_offload(t.get_string_or("offload_params", "none"), t.origin() + ": " + t.key_path("offload_params"));
   c.optimizer = parse_optimizer(t.get_string_or("optimizer", "adamw"), t.origin() + ": " + t.key_path("optimizer"));
+  // The attention the source's code ran: flash (fused SDPA kernels) unless the row says its
+  // transformers version computed the softmax eagerly (math).
+  c.attention = parse_attention(t.get_string_or("attention", "flash"), t.origin() + ": " + t.key_path("attention"));
   // DeepSpeed runs its CPU optimizer after the backward, then the uploads.
   if (c.engine == Engine::kDeepSpeed) c.offload_pipeline = false;
   c.grad_sync_each_micro = grad_sync_each && c.gas > 1;

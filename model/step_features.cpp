@@ -641,7 +641,8 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // (data/runs/h200-sxm/2026-12-0*_peers_deepspeed*.jsonl). What leaves it is not identified; the
   // gradients go to the host one parameter at a time (stage_1_and_2.py,
   // async_inplace_copy_grad_to_fp32_buffer_from_gpu). It is cache a smaller card does without:
-  // the founding report ran pythia-2.8b in fp32 at micro-batch 8 this way on 48 GB A40s.
+  // torch's caching allocator frees its unused cached blocks and retries before it reports an
+  // allocation as out of memory.
   if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && offload_opt)
     mem.gpu_releasable_cache_bytes = 4.0 * trainable / n;
   mem.gpu_buffers_bytes = buffers;

@@ -4,6 +4,7 @@
 #include "model/train_config_json.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <sstream>
 
@@ -46,6 +47,15 @@ class Table {
  private:
   std::vector<std::vector<std::string>> rows_;
 };
+
+// The 95 % step-time interval, seconds. Every interval the profile gives is symmetric in
+// log(step time) and step_std_s holds its upper side, so the lower side divides by the factor
+// the upper side multiplies by: positive however wide the interval.
+std::array<double, 2> step_interval_95_s(const Prediction& p) {
+  if (!(p.time.step_s > 0)) return {p.time.step_s, p.time.step_s};
+  const double factor = 1.0 + 1.96 * p.step_std_s / p.time.step_s;
+  return {p.time.step_s / factor, p.time.step_s * factor};
+}
 
 }  // namespace
 
@@ -123,7 +133,7 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas_s) : nlohmann::json(nullptr);
   j["time_s"] = {{"step", t.step_s},
                  {"step_std", p.step_std_s},
-                 {"step_interval_95", {t.step_s - 1.96 * p.step_std_s, t.step_s + 1.96 * p.step_std_s}},
+                 {"step_interval_95", step_interval_95_s(p)},
                  {"gas", gas_time},
                  {"opt", t.opt_s},
                  {"forward", t.forward_s},

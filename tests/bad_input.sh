@@ -404,6 +404,8 @@ sed 's/engine = "fsdp2"/engine = "fsdp2"\ngrad_sync = "often"/' "$TMP/pub_gpus.t
 t 2 "pub_sync.toml: source.grad_sync = \"often\"" "$CALIBRATE" report --published "$TMP/pub_sync.toml"
 sed 's/engine = "fsdp2"/engine = "deepspeed"\ngrad_sync = "each"/' "$TMP/pub_gpus.toml" >"$TMP/pub_sync_ds.toml"
 t 2 "pub_sync_ds.toml: source.grad_sync = \"each\" is an FSDP2 setting" "$CALIBRATE" report --published "$TMP/pub_sync_ds.toml"
+sed 's/gpus = 12/gpus = 8\nattention = "sliding"/' "$TMP/pub_gpus.toml" >"$TMP/pub_attn.toml"
+t 2 "pub_attn.toml: rows\[0\].attention = \"sliding\"" "$CALIBRATE" report --published "$TMP/pub_attn.toml"
 t 2 "--published and --runs" "$CALIBRATE" report --published --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl"
 t 2 "nothing.toml" "$CALIBRATE" report --published "$TMP/nothing.toml"
 

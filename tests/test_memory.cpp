@@ -426,7 +426,7 @@ TEST_CASE("PEFT: no weight gradients for frozen weights; the dequantisation adds
 
 TEST_CASE("DeepSpeed ZeRO-1/2 with CPU offload keeps 4 B of cache per partition parameter, not needed to fit") {
   // Measured (step_features.cpp): pythia-2.8b reserved 12.6-14.4 GiB above its peak allocated on
-  // one H200, 8.2 on two; the founding report ran it on 48 GB A40s, so a smaller card does without.
+  // one H200, 8.2 on two; cached blocks the allocator frees before it fails, so a smaller card does without.
   const ModelSpec m = model("pythia-2.8b");
   const HardwareProfile hw = hardware("h200-sxm");
   const double psi = static_cast<double>(m.total_params());

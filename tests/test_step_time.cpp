@@ -374,30 +374,33 @@ TEST_CASE("offload pipeline full: the next forward hides the tail, never more th
         doctest::Approx(hw.coefs[kFwdUploadOverlapFrac] * on.time.forward_s).epsilon(1e-9));
 }
 
-TEST_CASE("the founding report's OPT time is DeepSpeed's serial offload") {
-  // Founding report (../shared/seed): GPT-J-6B on 2 x A40, ZeRO-3 with DeepSpeed's CPU Adam,
-  // fp32, checkpointing, micro-batch 4, sequence 2048, 8 vCPUs: OPT time 23.50 s at GAS 2 and
-  // 23.68 s at GAS 5. The serial-offload prediction (uncalibrated a40 profile) lies within
-  // 15 %; the pipelined one hides the optimizer and must come out lower.
-  const ModelSpec m = model("gpt-j-6b");
+TEST_CASE("the founding report's phases are its PerformanceCallback's: GAS - 1 micro-batches, then the last with the step") {
+  // Founding report (data/published/founding_report.toml): pythia-2.8b on 2 x A40, ZeRO-3 with
+  // DeepSpeed's CPU Adam, 16-bit weights, eager attention, checkpointing, micro-batch 4, 8 vCPUs.
+  // Its callback stamps the time after every micro-batch but the last of a window, so GAS time
+  // grows with GAS - 1 and OPT time (the last micro-batch and the step) does not grow with GAS:
+  // measured 68.412 s / 17.238 s = 3.97 (GAS 5 against 2) and OPT 23.677 s against 23.498 s.
+  const ModelSpec m = model("pythia-2.8b");
   const HardwareProfile hw = hardware("a40");
   TrainConfig c = config(3, 2, 4, 2);
+  c.engine = Engine::kDeepSpeed;
   c.offload_optimizer = OffloadDevice::kCpu;
-  c.precision = Precision::kFp32;
+  c.offload_pipeline = false;
+  c.precision = Precision::kFp16;
   c.attention = AttentionKind::kMath;
   c.activation_checkpointing = true;
-  c.offload_pipeline = false;
   const ResourceLimits pod{0, 0, 8.0};
-  for (int64_t gas : {2, 5}) {
-    CAPTURE(gas);
-    c.gas = gas;
-    const double measured = gas == 2 ? 23.50 : 23.68;
-    c.offload_pipeline = false;
-    const Prediction serial = evaluate(m, hw, c, pod);
-    CHECK(serial.time.opt_s == doctest::Approx(measured).epsilon(0.15));
-    c.offload_pipeline = true;
-    CHECK(evaluate(m, hw, c, pod).time.opt_s < serial.time.opt_s);
-  }
+  const Prediction gas2 = evaluate(m, hw, c, pod);
+  c.gas = 5;
+  const Prediction gas5 = evaluate(m, hw, c, pod);
+  CHECK(gas5.time.gas_s / gas2.time.gas_s == doctest::Approx(68.412 / 17.238).epsilon(0.01));
+  CHECK(gas5.time.opt_s / gas2.time.opt_s == doctest::Approx(23.677 / 23.498).epsilon(0.01));
+  // Our backend's pipelined offload hides part of the optimizer behind the last backward.
+  c.engine = Engine::kStepcast;
+  c.offload_pipeline = true;
+  const Prediction pipelined = evaluate(m, hw, c, pod);
+  c.offload_pipeline = false;
+  CHECK(pipelined.time.opt_s < evaluate(m, hw, c, pod).time.opt_s);
 }
 
 TEST_CASE("over PCIe, gradient reduction and host copies share one link and hide behind one window") {
