@@ -4,6 +4,8 @@
 //   train --model llama-2-7b --stage 2 --micro-batch 4 --gas 4 --steps 10 --nproc 2
 //   train --plan plan.json --data data/text/kjv_genesis_exodus.txt --json-out runs.jsonl
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "common/cli.h"
 #include "common/errors.h"
@@ -93,6 +96,27 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
     c.activation_checkpointing = f.checkpointing == "on";
   }
   return c;
+}
+
+// The host's time to issue one small in-place op on the run's device, microseconds: the median
+// of five rounds of 256 adds (after one round of warm-up), each timed without waiting for the
+// device, below the launch queue's depth on a GPU. A layer's host floor is made of such issues;
+// lent machines of one kind differ in it (docs/engines.md), so each record keeps it.
+double host_op_us(Runtime& rt) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = torch::zeros({1}, torch::TensorOptions().device(rt.device()));
+  constexpr int kOps = 256;
+  std::vector<double> rounds_us;
+  for (int round = 0; round < 6; ++round) {
+    rt.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kOps; ++i) x.add_(1.0);
+    const std::chrono::duration<double, std::micro> issued = std::chrono::steady_clock::now() - t0;
+    if (round > 0) rounds_us.push_back(issued.count() / kOps);
+  }
+  rt.synchronize();
+  std::nth_element(rounds_us.begin(), rounds_us.begin() + rounds_us.size() / 2, rounds_us.end());
+  return rounds_us[rounds_us.size() / 2];
 }
 
 std::string out_of_memory_message(int rank, const std::string& when, const std::optional<Prediction>& pred,
@@ -220,7 +244,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
                         {"collectives", comm->name()},
                         {"git_commit", STEPCAST_GIT_COMMIT},
                         {"world_size", rv.world},
-                        {"data", tokens.description()}};
+                        {"data", tokens.description()},
+                        {"host_op_us", host_op_us(*rt)}};
   if (cfg.offload_optimizer == OffloadDevice::kCpu) {
     env["cpu_optimizer"] = {{"threads", cpu_threads()},
                             {"simd", simd_name(selected_simd())},

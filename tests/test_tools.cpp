@@ -95,6 +95,19 @@ TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL
     CAPTURE(k);
     CHECK(kinds.count(k) == 1);
   }
+  // Every step record carries the host's time to issue a small op on its device (env.host_op_us):
+  // positive, and far below a millisecond on any host that trains.
+  {
+    std::ifstream in(out / "runs.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      REQUIRE(j["env"].contains("host_op_us"));
+      const double us = j["env"]["host_op_us"].get<double>();
+      CHECK(us > 0.0);
+      CHECK(us < 1000.0);
+    }
+  }
   // The step runs are not micro-benchmarks, and the micro lines are not step runs.
   CHECK(calibrate::load_micro({out / "runs.jsonl"}).empty());
   CHECK(calibrate::load_runs({out / "micro.jsonl"}, test::data_dir()).empty());

@@ -44,6 +44,24 @@ def fail(msg):
     sys.exit(2)
 
 
+def host_op_us():
+    """The host's time to issue one small in-place op on this rank's GPU from Python, microseconds:
+    the median of five rounds of 256 adds (after one round of warm-up), each timed without waiting
+    for the GPU, below its launch queue's depth. A peer layer's host floor is made of such issues;
+    lent machines of one kind differ in it (docs/engines.md), so each record keeps it."""
+    x = torch.zeros(1, device="cuda")
+    rounds = []
+    for r in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(256):
+            x.add_(1.0)
+        if r > 0:
+            rounds.append((time.perf_counter() - t0) / 256 * 1e6)
+    torch.cuda.synchronize()
+    return sorted(rounds)[len(rounds) // 2]
+
+
 def read_card(path):
     import tomllib
     with open(path, "rb") as f:
@@ -396,7 +414,7 @@ def main():
            # The peers' CPU optimizers run on OpenMP / intra-op threads: torchrun sets OMP_NUM_THREADS=1
            # for each rank when it starts more than one per node and the variable is unset.
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "torch_threads": torch.get_num_threads(),
-           "cpu_count": os.cpu_count()}
+           "cpu_count": os.cpu_count(), "host_op_us": host_op_us()}
     try:
         import transformers
         env["transformers"] = transformers.__version__
