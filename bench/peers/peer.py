@@ -94,7 +94,8 @@ def hf_config(card, precision):
     else:
         fail(f"{card.get('name')}: model_type {t!r} has no peer mapping (llama, mistral, qwen2, gpt_neox, gptj)")
     cfg = AutoConfig.for_model(t, **kw, **common)
-    cfg.peer_dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    # The plan's working precision: fp16 and bf16 plans hold 16-bit weights of that type.
+    cfg.peer_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     return cfg
 
 
@@ -312,7 +313,7 @@ def build_torch_peft(cfg, c, local_rank):
     bitsandbytes on the GPU host): every linear layer of the decoder layers ("all" targets) or of
     the attention or MLP only becomes a LoraLinear; torch's fused AdamW steps the adapters."""
     with torch.device("meta"):
-        model = causal_lm(cfg, torch.bfloat16 if c["precision"] == "bf16" else torch.float32)
+        model = causal_lm(cfg, cfg.peer_dtype)
     model.to_empty(device=f"cuda:{local_rank}")
     init_weights(model)
     with torch.no_grad():  # buffers built on the meta device: recompute the rotary frequencies
