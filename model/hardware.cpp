@@ -274,6 +274,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         hw.transferred_log_q95 = c->get_double(name, 0.0, 5.0);
         continue;
       }
+      if (name == "transferred_log_q95_no_offload") {
+        hw.transferred_log_q95_no_offload = c->get_double(name, 0.0, 5.0);
+        continue;
+      }
       auto id = coef_by_name(name);
       if (!id) {
         throw InputError(origin + ": key 'coefficients." + name + "' is not a cost-model coefficient (valid: " +

@@ -179,6 +179,11 @@ struct HardwareProfile {
   // quantile of |log(published / predicted)| over the published throughputs of GPUs that were
   // not calibrated (`calibrate report --published`); the predictions' interval. 0: none.
   double transferred_log_q95 = 0;
+  // [coefficients] transferred_log_q95_no_offload: the same quantile over the rows without CPU
+  // offload, the interval of a plan without it. Such a plan rests on the GPU's datasheet and the
+  // engines' transferred habits; offload adds the unnamed host's CPU and memory, which a datasheet
+  // profile only guesses. 0: none (transferred_log_q95 applies to every plan).
+  double transferred_log_q95_no_offload = 0;
   CoefVector hardware_coefs{};                        // for_engine: the [coefficients] values under the section
 };
 

@@ -124,8 +124,12 @@ double interval_log_halfwidth(const IntervalModel& m, int unseen_dims) {
 
 void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model) {
   if (!hw.coefs_calibrated && hw.transferred_log_q95 > 0) {
-    // A GPU never calibrated: as wide as the model's errors on others' published runs.
-    p.step_std_s = p.time.step_s * std::expm1(hw.transferred_log_q95) / 1.96;
+    // A GPU never calibrated: as wide as the model's errors on others' published runs, those
+    // without CPU offload for a plan without it.
+    const bool offload = p.config.offload_optimizer != OffloadDevice::kNone || p.config.offload_params != OffloadDevice::kNone;
+    const double q = !offload && hw.transferred_log_q95_no_offload > 0 ? hw.transferred_log_q95_no_offload
+                                                                       : hw.transferred_log_q95;
+    p.step_std_s = p.time.step_s * std::expm1(q) / 1.96;
     return;
   }
   if (!hw.interval.empty() && hw.coefs_calibrated) {

@@ -134,10 +134,10 @@ int run_compare(CompareOptions& co) {
       r.wall_s = c.wall_s;
       r.gpu_hours = c.gpu_hours;
       r.cost_usd = c.cost_usd;
-      if (hw.coefs_calibrated && r.plan.step_std_s > 0)
+      // The plan's own interval (set_interval: the profile's cross-validated model, or on a GPU
+      // never calibrated the published rows' quantile for plans with or without CPU offload).
+      if ((hw.coefs_calibrated || hw.transferred_log_q95 > 0) && r.plan.step_std_s > 0)
         r.interval_frac = 1.96 * r.plan.step_std_s / r.plan.time.step_s;
-      else if (!hw.coefs_calibrated && hw.transferred_log_q95 > 0)
-        r.interval_frac = std::expm1(hw.transferred_log_q95);
       if (!offer.includes_host && offer.provider != "--price") flags.push_back("host CPU and memory billed apart");
       r.pod_cores_per_gpu = offer.vcpus_per_gpu > 0 ? offer.vcpus_per_gpu : hw.host.cpu_cores_per_gpu;
       r.gpu_name = hw.gpu.name;

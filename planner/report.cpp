@@ -265,8 +265,12 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
   if (!ctx.hardware->coefs_calibrated && ctx.hardware->transferred_log_q95 > 0) {
     out << "note: profile '" << ctx.hardware->name << "' is not calibrated: datasheet figures"
         << (ctx.hardware->engines_from.empty() ? "" : ", engine behaviour from " + ctx.hardware->engines_from)
-        << "; ±95% = " << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95))
-        << " %, the model's error on published throughputs of uncalibrated GPUs (calibrate report --published)\n";
+        << "; ±95% = ";
+    if (ctx.hardware->transferred_log_q95_no_offload > 0)
+      out << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95_no_offload)) << " % without CPU offload, ";
+    out << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95))
+        << (ctx.hardware->transferred_log_q95_no_offload > 0 ? " % with it" : " %")
+        << ", the model's error on published throughputs of uncalibrated GPUs (calibrate report --published)\n";
   } else if (!ctx.hardware->coefs_calibrated) {
     out << "note: profile '" << ctx.hardware->name
         << "' is not calibrated: efficiencies are first estimates (run `calibrate` on this hardware)\n";

@@ -254,6 +254,7 @@ intervalq|/^\[coefficients.interval\]/,/^\[/s/^log_q95_unseen = .*/log_q95_unsee
 intervalkey|s/^\(\[coefficients.interval\]\)/\1\nlog_q99 = 1/|log_q99
 matmulrel|s/^\(peak_fp32_flops_per_s.*\)/\1\nmatmul_eff_rel_h200 = { value = 9, source = "x" }/|gpu.matmul_eff_rel_h200
 transferq|s/^\(\[coefficients\]\)/\1\ntransferred_log_q95 = -1/|coefficients.transferred_log_q95
+transferq_no|s/^\(\[coefficients\]\)/\1\ntransferred_log_q95_no_offload = 9/|coefficients.transferred_log_q95_no_offload
 pricedate|0,/^date = .*/s//date = \"Sept 2026\"/|prices\[0\].date.*not a date
 priceusd|0,/^usd_per_gpu_hour = .*/s//usd_per_gpu_hour = -2/|prices\[0\].usd_per_gpu_hour
 pricekey|0,/^\(usd_per_gpu_hour = .*\)/s//\1\nspot = 1/|prices\[0\].spot

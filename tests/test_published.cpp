@@ -145,14 +145,20 @@ TEST_CASE("an uncalibrated profile's interval is the conformal quantile of the p
   std::vector<PublishedSource> sources;
   for (const auto& f : published_files(data_dir())) sources.push_back(load_published(f, data_dir()));
   const double q = published_log_q95(sources, data_dir());
-  // 28 rows: ceil(0.95 x 29) = 28, the largest error; the profiles hold it rounded up.
+  const double q_no_offload = published_log_q95_no_offload(sources, data_dir());
+  // 28 rows: ceil(0.95 x 29) = 28, the largest error; the profiles hold it rounded up. The 23
+  // rows without CPU offload: ceil(0.95 x 24) = 23, their largest.
   REQUIRE(q > 0);
+  REQUIRE(q_no_offload > 0);
+  CHECK(q_no_offload <= q);
   for (const std::string name : {"a40", "h100-sxm", "a100-80gb-sxm", "a100-40gb-sxm", "l40s", "rtx-a6000"}) {
     CAPTURE(name);
     const HardwareProfile hw = test::hardware(name);
     CHECK_FALSE(hw.coefs_calibrated);
     CHECK(hw.transferred_log_q95 == doctest::Approx(q).epsilon(1e-8));
     CHECK(hw.transferred_log_q95 >= q - 1e-12);
+    CHECK(hw.transferred_log_q95_no_offload == doctest::Approx(q_no_offload).epsilon(1e-8));
+    CHECK(hw.transferred_log_q95_no_offload >= q_no_offload - 1e-12);
   }
   // Every published row lies inside its prediction's interval (the quantile is their largest).
   for (const auto& s : sources)
@@ -214,4 +220,21 @@ tokens_per_s_per_gpu = 1
   CHECK_THROWS_WITH_AS(load_published(p, data_dir()), doctest::Contains("source.memory_habits.gemm_eff_max_frac"),
                        InputError);
   fs::remove(p);
+}
+
+TEST_CASE("on a GPU never calibrated, a plan without CPU offload takes the interval of the published rows without it") {
+  const ModelSpec m = test::model("llama-2-7b");
+  const HardwareProfile hw = test::hardware("h100-sxm");
+  REQUIRE(hw.transferred_log_q95_no_offload > 0);
+  REQUIRE(hw.transferred_log_q95_no_offload < hw.transferred_log_q95);
+  TrainConfig c;
+  c.gpus_per_node = 8;
+  c.zero_stage = 3;
+  c.micro_batch = 2;
+  c.gas = 2;
+  const Prediction sharded = evaluate(m, hw, c);
+  CHECK(1.96 * sharded.step_std_s / sharded.time.step_s == doctest::Approx(std::expm1(hw.transferred_log_q95_no_offload)));
+  c.offload_optimizer = OffloadDevice::kCpu;
+  const Prediction offloaded = evaluate(m, hw, c);
+  CHECK(1.96 * offloaded.step_std_s / offloaded.time.step_s == doctest::Approx(std::expm1(hw.transferred_log_q95)));
 }
