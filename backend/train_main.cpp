@@ -329,6 +329,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
                            {"gpu_peak_allocated_optimizer", r.memory.gpu_peak_allocated_optimizer_bytes},
                            {"host_rss", host_rss_bytes()}, {"host_peak_rss", host_peak_rss_bytes()}};
       if (f.gpu_mem_limit_gib != 0) j["memory_bytes"]["gpu_limit"] = f.gpu_mem_limit_gib * kBytesPerGiB;
+      j["allocator"] = {{"alloc_retries_total", rt->alloc_retries()}};
       if (pred) {
         j["predicted"] = {{"hardware", hw->name}, {"calibrated", hw->coefs_calibrated},
                           {"step_s", pred->time.step_s}, {"tokens_per_s", pred->throughput.tokens_per_s},

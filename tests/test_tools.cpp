@@ -106,6 +106,9 @@ TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL
       const double us = j["env"]["host_op_us"].get<double>();
       CHECK(us > 0.0);
       CHECK(us < 1000.0);
+      // And the caching allocator's retries so far: none on the CPU.
+      REQUIRE(j.contains("allocator"));
+      CHECK(j["allocator"]["alloc_retries_total"].get<double>() == 0.0);
     }
   }
   // The step runs are not micro-benchmarks, and the micro lines are not step runs.

@@ -142,6 +142,14 @@ class CudaRuntime final : public Runtime {
     return 0;
 #endif
   }
+  double alloc_retries() override {
+#ifdef STEPCAST_TORCH_CUDA
+    return static_cast<double>(
+        c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index_)).num_alloc_retries);
+#else
+    return 0;
+#endif
+  }
   void reset_peak() override {
 #ifdef STEPCAST_TORCH_CUDA
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index_));

@@ -442,10 +442,13 @@ def main():
         # Every rank's numbers: the slowest rank's step and the largest peak are the job's.
         t = torch.tensor([step_s, gas_s, fwd, bwd, opt_s, torch.cuda.max_memory_reserved(),
                           torch.cuda.max_memory_allocated(),
-                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], device="cuda",
+                          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,
+                          # Times the caching allocator freed its cache and retried an allocation,
+                          # since the process began: a step near the card's capacity pays for these.
+                          torch.cuda.memory_stats().get("num_alloc_retries", 0)], device="cuda",
                          dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        step_s, gas_s, fwd, bwd, opt_s, reserved, allocated, rss = t.tolist()
+        step_s, gas_s, fwd, bwd, opt_s, reserved, allocated, rss, retries = t.tolist()
         tps = tokens_per_step / step_s
         rec = {"config": c, "model": a.model_name or card["name"], "params": n_params, "step": step + 1,
                "warmup": step < a.warmup, "loss": loss if math.isfinite(loss) else None,
@@ -453,6 +456,7 @@ def main():
                           "backward": bwd, "optimizer": opt_s, "grad_comm": None, "param_gather": None,
                           "offload_transfer": None},
                "memory_bytes": {"gpu_peak_reserved": reserved, "gpu_peak_allocated": allocated, "host_peak_rss": rss},
+               "allocator": {"alloc_retries_total": int(retries)},
                "throughput": {"tokens_per_s": tps, "mfu": tps * flops_per_token / (world * peak_flops),
                               "world_samples_per_s": tokens_per_step / seq / step_s},
                "env": env}
