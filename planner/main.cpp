@@ -183,10 +183,14 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   req.allow_offload = !no_offload;
   req.overlap_forward = overlap_forward;
   // The same job on the Stepcast backend, for a peer engine's user: its best plan and the ratio.
+  // The backend trains bf16 or fp32: an fp16 job runs there in bf16 where the GPU has it.
   std::optional<Prediction> ours;
-  if (eng != Engine::kStepcast) {
+  CommonOptions ours_options = o;
+  if (ours_options.precision == "fp16") ours_options.precision = "bf16";
+  const bool backend_runs_it = ours_options.precision != "bf16" || req.hardware.gpu.peak_bf16_flops_per_s > 0;
+  if (eng != Engine::kStepcast && backend_runs_it) {
     SearchRequest sreq = req;
-    sreq.base = base_config(o, req.model, Engine::kStepcast);
+    sreq.base = base_config(ours_options, req.model, Engine::kStepcast);
     const SearchResult sres = search_plans(sreq);
     if (!sres.ranked.empty()) ours = sres.ranked.front();
   }
@@ -200,10 +204,11 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     const Prediction& top = res.ranked.front();
     char buf[400];
     std::snprintf(buf, sizeof buf,
-                  "on the Stepcast backend the same job's best plan (%s, micro-batch %lld, GAS %lld%s) is predicted "
+                  "on the Stepcast backend the same job's best plan (%s, micro-batch %lld, GAS %lld%s%s) is predicted "
                   "at %.0f tokens/s: %.2fx this %s plan's %.0f",
                   family_name(ours->config).c_str(), static_cast<long long>(ours->config.micro_batch),
                   static_cast<long long>(ours->config.gas), ours->config.activation_checkpointing ? ", checkpointing" : "",
+                  o.precision == "fp16" ? ", in bf16" : "",
                   ours->throughput.tokens_per_s, ours->throughput.tokens_per_s / top.throughput.tokens_per_s,
                   engine.c_str(), top.throughput.tokens_per_s);
     res.notes.push_back(buf);

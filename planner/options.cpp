@@ -105,6 +105,10 @@ TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine e
   c.nodes = o.nodes;
   c.seq_len = o.seq;
   c.precision = parse_precision(o.precision, "--precision");
+  // The backend trains bf16 or fp32 (train refuses fp16): a plan for it must be one it runs.
+  if (engine == Engine::kStepcast && c.precision == Precision::kFp16)
+    throw InputError("--precision fp16: the Stepcast backend trains in bf16 or fp32 (train refuses fp16); "
+                     "fp16 plans are for --engine deepspeed or fsdp2");
   c.attention = attention_for(o, model, engine);
   check_position_table(model, engine, o.seq);
   // --peft auto is recommend's (make_request): the base configuration is full fine-tuning.

@@ -113,6 +113,7 @@ t 2 "--attention" "$PLANNER" explain --model 6b --engine deepspeed --attention f
 t 2 "--attention" "$PLANNER" recommend --model 6b --gpus 2 --engine fsdp2 --attention flash
 t 2 "max_position_embeddings" "$PLANNER" explain --model 6b --engine deepspeed --seq 4096
 t 2 "max_position_embeddings" "$PLANNER" recommend --model 6b --gpus 2 --engine fsdp2 --seq 4096
+t 2 "--precision fp16: the Stepcast backend trains in bf16 or fp32" "$PLANNER" recommend --model 7b --precision fp16
 for flag in --offload-optimizer --offload-params --optimizer --offload-pipeline --checkpointing; do
   t 2 "$flag" "$PLANNER" explain --model 7b "$flag" maybe
 done

@@ -179,6 +179,7 @@ attn() { "$PLANNER" explain "$@" --json 2>/dev/null | python3 -c 'import json,sy
 [[ "$(attn --model 7b --engine deepspeed)" == flash ]] && ok || bad "attention auto: DeepSpeed's llama is not flash"
 [[ "$(attn --model 6b --engine deepspeed --attention math)" == math ]] && ok || bad "attention math not kept"
 expect_error "peer flash on gpt-j" "no SDPA attention for gpt-j-6b .*math attention" explain --model 6b --engine deepspeed --attention flash
+"$PLANNER" recommend --model 7b --precision fp16 --engine deepspeed 2>&1 | grep -q "on the Stepcast backend the same job.s best plan (.*, in bf16)" && ok || bad "an fp16 DeepSpeed job is not compared with the backend in bf16"
 if "$PLANNER" recommend --model 6b --gpus 2 --engine deepspeed --json 2>/dev/null |
    python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if all(p["config"]["attention"] == "math" for p in d["plans"]) else 1)'; then
   ok; else bad "recommend --engine deepspeed: gpt-j plans are not all math attention"; fi
