@@ -202,28 +202,22 @@ std::vector<Predicted> predict_all(const std::vector<PublishedSource>& sources, 
   return out;
 }
 
-// The split-conformal 95 % quantile of |log(published / predicted)| (published_log_q95).
-bool offloads(const TrainConfig& c) {
-  return c.offload_optimizer != OffloadDevice::kNone || c.offload_params != OffloadDevice::kNone;
-}
-
-// Over every row, or over the rows without CPU offload only.
-double conformal_log_q95(const std::vector<Predicted>& predicted, bool without_offload_only = false) {
-  std::vector<double> r;
-  for (const auto& x : predicted)
-    if (!without_offload_only || !offloads(x.row->config))
-      r.push_back(std::abs(std::log(x.row->tokens_per_s_per_gpu / x.tokens_per_s_per_gpu)));
-  return conformal_q95(r);
+// The split-conformal 95 % quantile of |log(published / predicted)| (published_log_q95), over
+// every row and over the rows without CPU offload.
+PublishedLogQ95 conformal_log_q95(const std::vector<Predicted>& predicted) {
+  std::vector<double> all, without_offload;
+  for (const auto& x : predicted) {
+    const double score = std::abs(std::log(x.row->tokens_per_s_per_gpu / x.tokens_per_s_per_gpu));
+    all.push_back(score);
+    if (!offloads(x.row->config)) without_offload.push_back(score);
+  }
+  return {conformal_q95(all), conformal_q95(without_offload)};
 }
 
 }  // namespace
 
-double published_log_q95(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
+PublishedLogQ95 published_log_q95(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
   return conformal_log_q95(predict_all(sources, data_dir));
-}
-
-double published_log_q95_no_offload(const std::vector<PublishedSource>& sources, const fs::path& data_dir) {
-  return conformal_log_q95(predict_all(sources, data_dir), true);
 }
 
 int run_published_report(const std::vector<std::string>& files, const std::string& data_dir_flag, bool json) {
@@ -235,8 +229,8 @@ int run_published_report(const std::vector<std::string>& files, const std::strin
   std::vector<PublishedSource> sources;
   for (const auto& p : paths) sources.push_back(load_published(p, data_dir));
   const std::vector<Predicted> out = predict_all(sources, data_dir);
-  const double q95 = conformal_log_q95(out);
-  const double q95_no_offload = conformal_log_q95(out, true);
+  const PublishedLogQ95 quantiles = conformal_log_q95(out);
+  const double q95 = quantiles.all, q95_no_offload = quantiles.without_offload;
   const auto no_offload_rows = std::count_if(out.begin(), out.end(), [](const Predicted& x) { return !offloads(x.row->config); });
   int covered = 0, with_interval = 0;
   for (const auto& x : out)

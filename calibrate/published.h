@@ -60,9 +60,12 @@ std::string coefficient_status(const HardwareProfile& hw, const std::string& eng
 // The 95 % split-conformal quantile of |log(published / predicted tokens/s)| over the rows
 // (the ceil(0.95 (n + 1))-th smallest, the largest when n < 19): the interval of predictions
 // on GPUs that were not calibrated ([coefficients] transferred_log_q95).
-double published_log_q95(const std::vector<PublishedSource>& sources, const std::filesystem::path& data_dir);
-// The same over the rows without CPU offload ([coefficients] transferred_log_q95_no_offload).
-double published_log_q95_no_offload(const std::vector<PublishedSource>& sources, const std::filesystem::path& data_dir);
+// `without_offload`: the same over the rows without CPU offload ([coefficients]
+// transferred_log_q95_no_offload). Both from one prediction of the rows.
+struct PublishedLogQ95 {
+  double all = 0, without_offload = 0;
+};
+PublishedLogQ95 published_log_q95(const std::vector<PublishedSource>& sources, const std::filesystem::path& data_dir);
 
 // `calibrate report --published`: predicts every row with the catalog's profiles (the row's
 // engine coefficients where the profile has a section, else the hardware's) and prints the

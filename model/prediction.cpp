@@ -126,9 +126,8 @@ void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& h
   if (!hw.coefs_calibrated && hw.transferred_log_q95 > 0) {
     // A GPU never calibrated: as wide as the model's errors on others' published runs, those
     // without CPU offload for a plan without it.
-    const bool offload = p.config.offload_optimizer != OffloadDevice::kNone || p.config.offload_params != OffloadDevice::kNone;
-    const double q = !offload && hw.transferred_log_q95_no_offload > 0 ? hw.transferred_log_q95_no_offload
-                                                                       : hw.transferred_log_q95;
+    const double q = !offloads(p.config) && hw.transferred_log_q95_no_offload > 0 ? hw.transferred_log_q95_no_offload
+                                                                                  : hw.transferred_log_q95;
     p.step_std_s = p.time.step_s * std::expm1(q) / 1.96;
     return;
   }

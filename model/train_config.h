@@ -132,6 +132,11 @@ void validate_config(const TrainConfig& config, const ConfigFieldNames& names = 
 // "none", "cpu", or "cpu+params" with parameter offload: the offload regime as reports group it.
 std::string offload_label(const TrainConfig& config);
 
+// Whether the configuration offloads anything (optimizer or parameters) to the host.
+inline bool offloads(const TrainConfig& c) {
+  return c.offload_optimizer != OffloadDevice::kNone || c.offload_params != OffloadDevice::kNone;
+}
+
 // "stage 3 + CPU optimizer offload + 8-bit AdamW": the family a config
 // belongs to, without micro-batch, GAS and checkpointing.
 std::string family_name(const TrainConfig& config);
