@@ -524,6 +524,14 @@ void ZeroEngine::optimizer_phase(StepMarks& marks) {
   marks.opt = rt_.mark();
   marks.opt_end = marks.opt;
   if (offload() && cfg_.offload_overlap_forward) {
+    // The worker has taken units in the order their gradients reached the host (the backward's);
+    // what is left goes in the next forward's order, once every gradient is on the host. Sorted
+    // earlier, the embedding, whose gradient comes last, would head the queue and the worker
+    // would idle behind it while later units' gradients wait on the host: at stage 1 nothing
+    // holds this thread back, so it reaches this point with most of the backward still queued
+    // on the device (stage 2 waits for all but two buckets, drain_pending). The step waits for
+    // the device at its end anyway.
+    rt_.comm_host_waiter()();
     worker_->sort_queue_by_unit();
     outstanding_step_ = step_;
     upload_next_ = 0;
