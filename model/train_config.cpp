@@ -88,9 +88,38 @@ ConfigFieldNames json_config_names(const std::string& where) {
   n.lora_rank = where + ".lora_rank";
   n.lora_alpha = where + ".lora_alpha";
   n.lora_dropout = where + ".lora_dropout";
+  n.precision = where + ".precision";
   n.offload_order = where + ".offload_pipeline";
   n.grad_sync = where + ".grad_sync_each_micro";
   return n;
+}
+
+namespace {
+// Each size: at least 1, and at most what any real job uses by orders of magnitude
+// (so that products such as micro-batch x sequence x GAS x GPUs stay far inside int64).
+void check_size(int64_t v, const std::string& name, int64_t hi, const char* hi_text) {
+  if (v < 1) throw InputError(name + " " + std::to_string(v) + " must be at least 1");
+  if (v > hi) throw InputError(name + " " + std::to_string(v) + " is out of range [1, " + hi_text + "]");
+}
+}  // namespace
+
+void validate_job(const TrainConfig& c, const ConfigFieldNames& n) {
+  check_size(c.seq_len, n.seq, int64_t{1} << 24, "2^24");
+  check_size(c.gpus_per_node, n.gpus, 4096, "4096");
+  check_size(c.nodes, n.nodes, 65536, "65536");
+  if (c.engine == Engine::kStepcast && c.precision == Precision::kFp16)
+    throw InputError(n.precision + " fp16: the Stepcast backend trains in bf16 or fp32; fp16 is planned for " +
+                     n.engine + " deepspeed or fsdp2");
+  if (!c.peft_enabled()) return;
+  if (c.engine != Engine::kStepcast)
+    throw InputError(n.peft + " " + peft_name(c.peft) + " is planned and run for " + n.engine + " stepcast only (got " +
+                     engine_name(c.engine) + ")");
+  if (c.lora_rank < 1 || c.lora_rank > 4096)
+    throw InputError(n.lora_rank + " " + std::to_string(c.lora_rank) + " is out of range [1, 4096]");
+  if (!(c.lora_alpha > 0.0) || c.lora_alpha > 1e6)
+    throw InputError(n.lora_alpha + " " + std::to_string(c.lora_alpha) + " is out of range (0, 1e6]");
+  if (!(c.lora_dropout >= 0.0 && c.lora_dropout < 1.0))
+    throw InputError(n.lora_dropout + " " + std::to_string(c.lora_dropout) + " is out of range [0, 1)");
 }
 
 void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
@@ -106,31 +135,14 @@ void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
     throw InputError(n.offload_optimizer + " cpu needs " + n.stage + " 1, 2 or 3 (got " + stage + ")");
   if (c.offload_overlap_forward && !(c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline))
     throw InputError(n.offload_pipeline + " (--offload-pipeline full) needs the pipelined CPU optimizer offload");
-  // Each size: at least 1, and at most what any real job uses by orders of magnitude
-  // (so that products such as micro-batch x sequence x GAS x GPUs stay far inside int64).
-  const auto in_range = [](int64_t v, const std::string& name, int64_t hi, const char* hi_text) {
-    if (v < 1) throw InputError(name + " " + std::to_string(v) + " must be at least 1");
-    if (v > hi) throw InputError(name + " " + std::to_string(v) + " is out of range [1, " + hi_text + "]");
-  };
-  in_range(c.micro_batch, n.micro_batch, int64_t{1} << 20, "2^20");
-  in_range(c.gas, n.gas, int64_t{1} << 20, "2^20");
-  in_range(c.seq_len, n.seq, int64_t{1} << 24, "2^24");
-  in_range(c.gpus_per_node, n.gpus, 4096, "4096");
-  in_range(c.nodes, n.nodes, 65536, "65536");
+  check_size(c.micro_batch, n.micro_batch, int64_t{1} << 20, "2^20");
+  check_size(c.gas, n.gas, int64_t{1} << 20, "2^20");
+  validate_job(c, n);
   const std::string engine = n.engine + " " + engine_name(c.engine);
   if (c.peft_enabled()) {
     const std::string peft = n.peft + " " + peft_name(c.peft);
-    if (c.engine != Engine::kStepcast)
-      throw InputError(peft + " is planned and run for " + n.engine + " stepcast only (got " + engine_name(c.engine) +
-                       ")");
     if (c.offload_params == OffloadDevice::kCpu)
       throw InputError(peft + " keeps the frozen base weights on the GPU: " + n.offload_params + " must be none");
-    if (c.lora_rank < 1 || c.lora_rank > 4096)
-      throw InputError(n.lora_rank + " " + std::to_string(c.lora_rank) + " is out of range [1, 4096]");
-    if (!(c.lora_alpha > 0.0) || c.lora_alpha > 1e6)
-      throw InputError(n.lora_alpha + " " + std::to_string(c.lora_alpha) + " is out of range (0, 1e6]");
-    if (!(c.lora_dropout >= 0.0 && c.lora_dropout < 1.0))
-      throw InputError(n.lora_dropout + " " + std::to_string(c.lora_dropout) + " is out of range [0, 1)");
   }
   if (c.grad_sync_each_micro && c.engine != Engine::kFsdp2)
     throw InputError(n.grad_sync + " (each micro-batch) is an FSDP2 setting: " + engine +

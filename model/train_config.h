@@ -118,7 +118,7 @@ struct ConfigFieldNames {
               gpus = "--gpus", nodes = "--nodes", engine = "--engine", peft = "--peft", lora_rank = "--lora-rank",
               lora_alpha = "--lora-alpha", lora_dropout = "--lora-dropout",
               offload_order = "--offload-pipeline",  // whether the CPU optimizer is pipelined
-              grad_sync = "--grad-sync";
+              grad_sync = "--grad-sync", precision = "--precision";
 };
 // `where` + ".zero_stage" and so on (train_config_json.h's keys).
 ConfigFieldNames json_config_names(const std::string& where);
@@ -128,6 +128,11 @@ ConfigFieldNames json_config_names(const std::string& where);
 // backward (offload pipeline off); FSDP2 runs stage 2 or 3, torch's AdamW, and offloads
 // parameters together with the optimizer (CPUOffloadPolicy).
 void validate_config(const TrainConfig& config, const ConfigFieldNames& names = {});
+
+// The part of validate_config that holds whatever the plan: what the configuration's engine
+// cannot run for this job (the Stepcast backend trains bf16 or fp32; PEFT runs on the Stepcast
+// backend only). The planner checks it before it searches plans.
+void validate_job(const TrainConfig& config, const ConfigFieldNames& names = {});
 
 // "none", "cpu", or "cpu+params" with parameter offload: the offload regime as reports group it.
 std::string offload_label(const TrainConfig& config);

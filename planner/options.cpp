@@ -105,10 +105,6 @@ TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine e
   c.nodes = o.nodes;
   c.seq_len = o.seq;
   c.precision = parse_precision(o.precision, "--precision");
-  // The backend trains bf16 or fp32 (train refuses fp16): a plan for it must be one it runs.
-  if (engine == Engine::kStepcast && c.precision == Precision::kFp16)
-    throw InputError("--precision fp16: the Stepcast backend trains in bf16 or fp32 (train refuses fp16); "
-                     "fp16 plans are for --engine deepspeed or fsdp2");
   c.attention = attention_for(o, model, engine);
   check_position_table(model, engine, o.seq);
   // --peft auto is recommend's (make_request): the base configuration is full fine-tuning.
@@ -117,15 +113,16 @@ TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine e
   c.lora_targets = parse_lora_targets(o.lora_targets, "--lora-targets");
   c.lora_alpha = o.lora_alpha;
   c.lora_dropout = o.lora_dropout;
+  // The engine's rules for the job (sizes, precision, PEFT) hold for every plan; those for a
+  // plan (stages, offload order) are checked where the plan is complete.
+  c.engine = engine;
   if (o.peft == "auto") {
     TrainConfig probe = c;
     probe.peft = PeftKind::kLora;
-    validate_config(probe);  // the LoRA settings, checked once for the searched methods
-  } else {
-    validate_config(c);
+    probe.engine = Engine::kStepcast;  // the LoRA settings, checked once for the searched methods
+    validate_job(probe);
   }
-  // The engine's own rules (PEFT, offload order) are checked where its plan is complete.
-  c.engine = engine;
+  validate_job(c);
   return c;
 }
 

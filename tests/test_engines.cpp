@@ -453,6 +453,16 @@ TEST_CASE("an engine's constraints are checked where the configuration comes fro
   c = offload(Engine::kDeepSpeed, 2, 1);
   c.optimizer = OptimizerKind::kAdamW8bit;
   CHECK_THROWS_WITH_AS(validate_config(c), doctest::Contains("fp32 CPU Adam"), InputError);
+  // The job's rules hold for any plan: fp16 is a peer engine's (train refuses it), so a plan file
+  // for the Stepcast backend in fp16 is refused by its key, and the same job for DeepSpeed passes.
+  c = TrainConfig{};
+  c.precision = Precision::kFp16;
+  CHECK_THROWS_WITH_AS(validate_job(c), doctest::Contains("--precision fp16: the Stepcast backend"), InputError);
+  CHECK_THROWS_WITH_AS(train_config_from_json(train_config_to_json(c), "plan.json: plans[0].config"),
+                       doctest::Contains("plan.json: plans[0].config.precision fp16"), InputError);
+  c.engine = Engine::kDeepSpeed;
+  CHECK_NOTHROW(validate_job(c));
+  CHECK_NOTHROW(validate_config(c));
   // JSON: the key is named, and the engine round-trips and keys the configuration.
   nlohmann::json j = train_config_to_json(offload(Engine::kDeepSpeed, 2, 4));
   CHECK(j.at("engine") == "deepspeed");
