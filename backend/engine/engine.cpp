@@ -43,8 +43,7 @@ ZeroEngine::ZeroEngine(const ModelSpec& spec, const EngineOptions& options, Runt
   } else {
     layout_ = base_layout_;
   }
-  if (cfg_.precision == Precision::kFp16)
-    throw InputError("--precision fp16 is not supported by the backend (use bf16 or fp32)");
+  validate_job(cfg_);  // the backend trains bf16 or fp32
   work_dtype_ = cfg_.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat;
   init_parameters();
   if (offload())
@@ -531,7 +530,7 @@ void ZeroEngine::optimizer_phase(StepMarks& marks) {
     // holds this thread back, so it reaches this point with most of the backward still queued
     // on the device (stage 2 waits for all but two buckets, drain_pending). The step waits for
     // the device at its end anyway.
-    rt_.comm_host_waiter()();
+    rt_.host_waits_for_event(rt_.record_comm_event());
     worker_->sort_queue_by_unit();
     outstanding_step_ = step_;
     upload_next_ = 0;
