@@ -225,6 +225,7 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
     for (const auto& [value, members] : by_value) {
       nlohmann::json g = cv_summary(members, hw.interval);
       g["name"] = name + "=" + value;
+      g["runs"] = loco_rows(members);  // which held-out runs make the group's error, largest first
       cv["groups"].push_back(g);
     }
   }

@@ -61,7 +61,8 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
 
 // The report's "cv" object: {loco: summary + configurations + runs (each configuration's
 // held-out prediction, largest step error first), groups: [{name, configurations,
-// step_time_mean_abs_pct_error, coverage_95, ...}]}. Progress to stderr.
+// step_time_mean_abs_pct_error, coverage_95, ..., runs: the group's held-out predictions in
+// the same form}]}. Progress to stderr.
 nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                        const HardwareProfile& hw);
 
