@@ -127,7 +127,7 @@ std::vector<Coef> default_free_coefs() {
           kActBytesMult,   kGpuWorkspaceBytes,   kGpuFragFrac,          kCkptReserveMult,
           kCollLatencyS,   kCpuOptOverlapFrac,
           kCpuLaneFlopsPerS, kHostLayerFwdS,     kHostLayerBwdS,       kLossExtraBytesPerLogit,
-          kHostBytesPerRank};
+          kHostBytesPerRank, kGradHookOverheadS, kParamFetchOverheadS};
 }
 
 namespace {

@@ -11,7 +11,9 @@
 #include "common/stats.h"
 #include "common/text_file.h"
 #include "common/units.h"
+#include "model/toml_reader.h"
 #include <cstdio>
+#include <set>
 
 namespace stepcast::calibrate {
 
@@ -83,6 +85,33 @@ constexpr std::pair<const char*, double RunRecord::*> kMedianFields[] = {
 
 }  // namespace
 
+std::vector<SupersededRecord> read_superseded(const std::filesystem::path& path) {
+  std::vector<SupersededRecord> out;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return out;
+  const std::string origin = path.string();
+  const toml::table root = TomlReader::parse(read_text_file(path), origin);
+  TomlReader(root, origin).reject_unknown_keys({std::string(kSupersededKey)});
+  const toml::node* list = root.get(kSupersededKey);
+  if (list == nullptr) return out;
+  const toml::array* entries = list->as_array();
+  if (entries == nullptr) throw InputError(origin + ": " + kSupersededKey + " is not an array of tables ([[superseded]])");
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const std::string where = std::string(kSupersededKey) + "[" + std::to_string(i) + "]";
+    const toml::table* t = (*entries)[i].as_table();
+    if (t == nullptr) throw InputError(origin + ": " + where + " is not a table");
+    const TomlReader r(*t, origin, where);
+    r.reject_unknown_keys({"file", "key", "reason", "by"});
+    SupersededRecord e{r.get_string("file"), r.get_string("key"), r.get_string("reason"), r.get_string_or("by", "")};
+    if (e.file.empty() || e.file.find('/') != std::string::npos)
+      throw InputError(origin + ": " + r.key_path("file") + " is \"" + e.file +
+                       "\", expected the name of a runs file in this folder");
+    if (e.reason.empty()) throw InputError(origin + ": " + r.key_path("reason") + " is empty, expected why the records no longer hold");
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir) {
   struct Acc {
@@ -91,6 +120,25 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
   };
   std::map<std::string, Acc> groups;
   std::vector<std::string> order;
+  // Each folder's superseded list, read once: (file name, key) -> how many records it left out.
+  struct Left {
+    std::filesystem::path list;
+    SupersededRecord entry;
+    int records = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Left> left_out;  // (folder/file, key)
+  std::set<std::filesystem::path> folders;
+  for (const auto& file : files) {
+    const std::filesystem::path folder = file.parent_path();
+    if (!folders.insert(folder).second) continue;
+    const std::filesystem::path list = folder / kSupersededFile;
+    for (SupersededRecord& e : read_superseded(list)) {
+      const std::pair<std::string, std::string> id{(folder / e.file).lexically_normal().string(), e.key};
+      left_out[id] = Left{list, std::move(e), 0};
+    }
+  }
+  std::set<std::string> loaded;
+  for (const auto& file : files) loaded.insert(file.lexically_normal().string());
   for_each_jsonl(files, "", [&](const std::filesystem::path& file, const std::string& where, const nlohmann::json& j) {
     try {
       if (j.value("warmup", false)) return;
@@ -102,6 +150,13 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       std::string key = config_key(model, cfg);
       if (mem.contains("gpu_limit") && mem.at("gpu_limit").is_number())
         key += " gpu-limit=" + fmt_g(mem.at("gpu_limit").get<double>() / kBytesPerGiB) + "GiB";
+      if (!left_out.empty()) {
+        const auto sup = left_out.find({file.lexically_normal().string(), key});
+        if (sup != left_out.end()) {
+          ++sup->second.records;
+          return;
+        }
+      }
       auto it = groups.find(key);
       if (it == groups.end()) {
         Acc acc;
@@ -152,6 +207,19 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       throw InputError(where + ": " + e.what());
     }
   });
+  // An entry for a loaded file that matches none of its records is a typo or a stale list.
+  int left_records = 0, left_configurations = 0;
+  for (const auto& [id, l] : left_out) {
+    if (!loaded.count(id.first)) continue;
+    if (l.records == 0)
+      throw InputError(l.list.string() + ": superseded entry key \"" + l.entry.key + "\" matches no record of " +
+                       l.entry.file);
+    left_records += l.records;
+    ++left_configurations;
+  }
+  if (left_configurations > 0)
+    std::fprintf(stderr, "calibrate: left out %d records of %d configurations that %s names as superseded\n",
+                 left_records, left_configurations, kSupersededFile);
   std::vector<RunRecord> out;
   for (const auto& key : order) {
     Acc& a = groups[key];

@@ -39,7 +39,26 @@ void for_each_jsonl(const std::vector<std::filesystem::path>& files, const std::
                     const std::function<void(const std::filesystem::path& file, const std::string& where,
                                              const nlohmann::json& j)>& fn);
 
-// Reads JSONL files; malformed lines fail with file:line and the key.
+// Records that no longer describe the engine that wrote them (a later commit changed its speed
+// for that configuration) are named in a folder's superseded.toml, beside the runs files:
+//   [[superseded]]
+//   file = "2026-12-01_validate_1gpu_llama.jsonl"   # a runs file in this folder
+//   key = "llama-2-7b g1n1 s1 off=cpu/none ..."      # the configuration key (RunRecord::key)
+//   reason = "..."                                    # why they no longer hold
+//   by = "2026-12-03_...jsonl"                        # optional: the records that replace them
+// The records stay in their file (data are never edited); load_runs leaves them out.
+inline constexpr const char* kSupersededFile = "superseded.toml";
+inline constexpr const char* kSupersededKey = "superseded";
+struct SupersededRecord {
+  std::string file, key, reason, by;
+};
+// The entries of one superseded.toml; none when the file does not exist. Bad input (an unknown
+// key, a missing file, key or reason) is an InputError naming the file and the entry.
+std::vector<SupersededRecord> read_superseded(const std::filesystem::path& path);
+
+// Reads JSONL files; malformed lines fail with file:line and the key. Records named in their
+// folder's superseded.toml are left out (one line to stderr says how many); an entry naming a
+// loaded file but none of its records is an InputError.
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir);
 

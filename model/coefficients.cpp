@@ -39,11 +39,11 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // backward pre-hook (runtime/zero/parameter_offload.py registers the hooks on every submodule;
     // partitioned_param_coordinator.py fetch_sub_module all-gathers that module's own parameters
     // and waits for them); FSDP2 does the same per fully_shard unit. The Python work of each fetch
-    // sits on the launching thread. The Stepcast backend has no such fetches (its feature is 0);
-    // the default, 0.2 ms, is the order of a Python hook with an all-gather launch and the fit's
-    // starting point.
+    // sits on the launching thread. The Stepcast backend's stage-3 gather and release of each unit
+    // (C++, no Python) is fitted on the same term; the default, 0.2 ms, is the order of a Python
+    // hook with an all-gather launch and the fit's starting point.
     {kParamFetchOverheadS, "param_fetch_overhead_s", 0.0, 0.02, 2e-4, "s",
-     "host time of one hooked parameter fetch (a peer engine's stage-3 module or FSDP2 unit)"},
+     "host time of one hooked parameter fetch (a peer engine's stage-3 module or FSDP2 unit; the Stepcast backend's stage-3 unit gather)"},
     // DeepSpeed ZeRO-3's backward hook on each parameter tensor's gradient (runtime/zero/stage3.py,
     // reduce_ready_partitions_and_remove_grads: the bucket, its reduce-scatter launch and the
     // partition copy) runs on the launching thread too. On one H200 the stage-3 backward at
@@ -51,7 +51,7 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // (two tensors per module) and 0.8 ms for llama-2-7b (one): about 0.2 ms per tensor.
     // FSDP2 spends host time of the same order per tensor once a step (step_features.cpp).
     {kGradHookOverheadS, "grad_hook_overhead_s", 0.0, 0.02, 2e-4, "s",
-     "host time of a peer engine's gradient reduction hook on one parameter tensor (DeepSpeed stages 1-3, FSDP2)"},
+     "host time of a gradient reduction hook: a peer engine's on one parameter tensor (DeepSpeed stages 1-3, FSDP2), the Stepcast backend's on one unit from stage 2"},
     // DeepSpeed's ZeRO-3 forward on one H200 at micro-batch 1 spends, beyond its no-hook floor,
     // 0.080 s a micro-batch for pythia-2.8b (195 modules, 2.78 B parameters), 0.187 for
     // llama-2-7b (291, 6.74 B), 0.167 for gpt-j-6b (199, 6.05 B) and 0.22 for mistral-7b (291,

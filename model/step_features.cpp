@@ -401,6 +401,17 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // .jsonl); reducing after each of the two micro-batches took the same 0.221 s of backward as
   // reducing after the last (holdout5), so the cost is not the reduce's on each micro-batch.
   if (c.engine == Engine::kFsdp2) f.grad_hooks_boundary = hooked_tensors;
+  // The Stepcast backend's host work per unit (layers, embedding, head) beyond its launches
+  // (backend/engine/engine.cpp): from stage 2, each unit's backward allocates its flat gradient,
+  // reduce-scatters it, adds the shard into the accumulator and records an event, every
+  // micro-batch (reduce_unit; stages 0-1 accumulate in place until the last); at stage 3 each
+  // unit is gathered and released in the forward and again in the backward (gather, release).
+  // On one H200 machine, llama-2-7b at micro-batch 1, 512 tokens, GAS 16, the step took 1.268 s
+  // at stage 0, 1.445 s at stage 2 and 1.636 s at stage 3: 0.33 ms a unit a micro-batch from
+  // stage 2, 0.34 ms more at stage 3 (2026-12-03_host_floor_by_stage_1gpu.jsonl); the model had
+  // none of it. The rates are fitted as the peers' hook and fetch costs are.
+  if (c.engine == Engine::kStepcast && stage >= 2) f.grad_hooks_micro = units;
+  if (c.engine == Engine::kStepcast && stage == 3) f.param_fetches_micro = 2.0 * units;
   if (multi_rank) {
     f.gather_bus_factor = all_gather_bus_factor(n);
     if (stage == 0) {

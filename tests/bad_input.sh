@@ -379,6 +379,14 @@ EOF
 # a malformed line in the middle is an error; a torn last line is skipped with a warning (tested in test_tools)
 { head -3 "$RUNS"; echo '{"model": "x", '; tail -2 "$RUNS"; } >"$TMP/runs_mid.jsonl"
 t 2 "runs_mid.jsonl:4: malformed JSON" "$CALIBRATE" report --runs "$TMP/runs_mid.jsonl" --hardware h200-sxm
+# a superseded list beside the runs: an entry whose key matches no record, an unknown key
+mkdir -p "$TMP/sup"
+cp "$RUNS" "$TMP/sup/runs.jsonl"
+printf '[[superseded]]\nfile = "runs.jsonl"\nkey = "gpt-9 g1n1"\nreason = "r"\n' >"$TMP/sup/superseded.toml"
+t 2 "superseded.toml: superseded entry key \"gpt-9 g1n1\" matches no record of runs.jsonl" "$CALIBRATE" report --runs "$TMP/sup/runs.jsonl" --hardware h200-sxm
+printf '[[superseded]]\nfile = "runs.jsonl"\nkey = "k"\nreason = "r"\nsince = 3\n' >"$TMP/sup/superseded.toml"
+t 2 "superseded.toml.*since" "$CALIBRATE" fit --runs "$TMP/sup/runs.jsonl" --hardware h200-sxm --out "$TMP/out.file"
+rm -rf "$TMP/sup"
 # micro-benchmark records with absurd times
 python3 - "$MICRO" >"$TMP/micro_bad.jsonl" <<'PY'
 import json, sys

@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "calibrate/cross_validate.h"
@@ -401,6 +402,16 @@ TEST_CASE("the committed H200 profile names the runs it was fitted from: their b
     s << in.rdbuf();
     all += s.str();
   }
+  // The folder's superseded list decided which of those records the fit saw.
+  std::set<fs::path> folders;
+  for (const std::string& r : hw.calibration_runs) {
+    const fs::path folder = (test::data_dir() / r).parent_path();
+    if (!folders.insert(folder).second || !fs::exists(folder / kSupersededFile)) continue;
+    std::ifstream in(folder / kSupersededFile, std::ios::binary);
+    std::ostringstream s;
+    s << in.rdbuf();
+    all += s.str();
+  }
   CHECK(hw.coefs_source.find("runs fnv1a64:" + fnv1a64_hex(all)) != std::string::npos);
 }
 
@@ -476,4 +487,65 @@ TEST_CASE("run records: the host high-water mark is the largest over the steps, 
   }
   CHECK_THROWS_WITH_AS(load_runs({file}, test::data_dir()), doctest::Contains("memory_bytes.host_peak_rss"), InputError);
   fs::remove(file);
+}
+
+TEST_CASE("run records: a folder's superseded.toml leaves the records it names out, and rejects an entry that names none") {
+  // Two configurations in one runs file (the memory hold-out's first step, and the same step
+  // relabelled as pythia-2.8b); superseded.toml beside it names the second by file and key.
+  const nlohmann::json step = first_measured_step_of_memory_holdout();
+  nlohmann::json other = step;
+  other["model"] = "pythia-2.8b";
+  const fs::path folder = fs::temp_directory_path() / "stepcast_superseded_test";
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  const fs::path file = folder / "runs.jsonl";
+  {
+    std::ofstream out(file);
+    out << step.dump() << "\n" << other.dump() << "\n" << other.dump() << "\n";
+  }
+  const std::vector<RunRecord> all = load_runs({file}, test::data_dir());
+  REQUIRE(all.size() == 2);
+  const auto write_list = [&](const std::string& text) {
+    std::ofstream out(folder / kSupersededFile);
+    out << text;
+  };
+  write_list("[[superseded]]\nfile = \"runs.jsonl\"\nkey = \"" + all[1].key +
+             "\"\nreason = \"measured before a fix\"\n");
+  const std::vector<RunRecord> kept = load_runs({file}, test::data_dir());
+  REQUIRE(kept.size() == 1);
+  CHECK(kept[0].key == all[0].key);
+  // The same list for another file in the folder does not touch this one.
+  write_list("[[superseded]]\nfile = \"other.jsonl\"\nkey = \"" + all[1].key + "\"\nreason = \"r\"\n");
+  CHECK(load_runs({file}, test::data_dir()).size() == 2);
+  // An entry for this file whose key matches no record: a typo, named with the key.
+  write_list("[[superseded]]\nfile = \"runs.jsonl\"\nkey = \"pythia-2.8b g9\"\nreason = \"r\"\n");
+  CHECK_THROWS_WITH_AS(load_runs({file}, test::data_dir()), doctest::Contains("pythia-2.8b g9"), InputError);
+  // Bad input: an unknown key, a missing reason, a path instead of a file name.
+  write_list("[[superseded]]\nfile = \"runs.jsonl\"\nkey = \"k\"\nreason = \"r\"\nwhen = 1\n");
+  CHECK_THROWS_WITH_AS(load_runs({file}, test::data_dir()), doctest::Contains("when"), InputError);
+  write_list("[[superseded]]\nfile = \"runs.jsonl\"\nkey = \"k\"\n");
+  CHECK_THROWS_WITH_AS(load_runs({file}, test::data_dir()), doctest::Contains("superseded[0].reason"), InputError);
+  write_list("[[superseded]]\nfile = \"../runs.jsonl\"\nkey = \"k\"\nreason = \"r\"\n");
+  CHECK_THROWS_WITH_AS(load_runs({file}, test::data_dir()), doctest::Contains("superseded[0].file"), InputError);
+  fs::remove_all(folder);
+}
+
+TEST_CASE("the committed superseded list names only records that exist, and each replacement file exists") {
+  const fs::path folder = test::data_dir() / "runs" / "h200-sxm";
+  const std::vector<SupersededRecord> entries = read_superseded(folder / kSupersededFile);
+  REQUIRE(!entries.empty());
+  for (const SupersededRecord& e : entries) {
+    CAPTURE(e.file);
+    CAPTURE(e.key);
+    REQUIRE(fs::exists(folder / e.file));
+    if (!e.by.empty()) CHECK(fs::exists(folder / e.by));
+    // Loading the file alone throws if the entry's key matches none of its records.
+    CHECK_NOTHROW(load_runs({folder / e.file}, test::data_dir()));
+    // And the replacement holds that configuration, measured after the fix.
+    if (!e.by.empty()) {
+      bool found = false;
+      for (const RunRecord& r : load_runs({folder / e.by}, test::data_dir())) found = found || r.key == e.key;
+      CHECK(found);
+    }
+  }
 }
