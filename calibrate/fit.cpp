@@ -282,7 +282,10 @@ std::vector<CoefSupport> coefficient_support(const std::vector<Observation>& obs
   return out;
 }
 
-bool is_regime_coef(Coef c) { return c == kHostLayerFwdS || c == kHostLayerBwdS; }
+// The host-floor terms: only launch-bound runs inform them.
+bool is_regime_coef(Coef c) {
+  return c == kHostLayerFwdS || c == kHostLayerBwdS || c == kGradHookOverheadS || c == kParamFetchOverheadS;
+}
 
 void check_identifiable(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,
                         const HardwareProfile& hw) {

@@ -299,13 +299,17 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   //                        2026-12-01_span_1gpu.jsonl 2026-12-01_span_1gpu_b.jsonl
   //                        2026-12-01_validate_1gpu_pythia_s11.jsonl 2026-12-01_validate_1gpu_llama_s11_s29.jsonl
   //                        2026-12-01_small_micro_1gpu.jsonl 2026-12-01_host_floor_1gpu.jsonl
-  //                        2026-12-03_longseq_1gpu.jsonl --hardware h200-sxm --holdout-frac 0
+  //                        2026-12-03_longseq_1gpu.jsonl 2026-12-03_stage1_offload_order_ab_new.jsonl
+  //                        2026-12-03_validate_1gpu_llama_s26.jsonl 2026-12-03_validate_1gpu_pythia_s26.jsonl
+  //                        2026-12-03_host_floor_stages_1gpu.jsonl 2026-12-03_host_floor_by_stage_1gpu.jsonl
+  //                        2026-12-03_host_floor_same_machine_1gpu.jsonl --hardware h200-sxm --holdout-frac 0
+  // leaving out the records data/runs/h200-sxm/superseded.toml names
   // (every configuration: cross-validation is the held-out measure): the component fit on the
   // micro-benchmarks, then the end-to-end fit. The files are the ones its provenance names;
   // refit both stages from them and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
-  REQUIRE(committed.calibration_runs.size() == 15);
+  REQUIRE(committed.calibration_runs.size() == 21);
   std::vector<fs::path> files;
   for (const std::string& r : committed.calibration_runs) files.push_back(test::data_dir() / r);
   const auto runs = load_runs(files, test::data_dir());
