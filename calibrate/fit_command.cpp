@@ -7,7 +7,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 
 #include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
@@ -61,10 +60,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   std::string all;
   for (const auto& f : files) all += read_text_file(f);
   // The folders' superseded lists decide which records the fit saw: they are data too.
-  std::set<fs::path> folders;
-  for (const auto& f : files)
-    if (folders.insert(f.parent_path()).second && fs::is_regular_file(f.parent_path() / kSupersededFile))
-      all += read_text_file(f.parent_path() / kSupersededFile);
+  for (const fs::path& list : superseded_lists(files)) all += read_text_file(list);
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));

@@ -112,6 +112,18 @@ std::vector<SupersededRecord> read_superseded(const std::filesystem::path& path)
   return out;
 }
 
+std::vector<std::filesystem::path> superseded_lists(const std::vector<std::filesystem::path>& files) {
+  std::vector<std::filesystem::path> out;
+  std::set<std::filesystem::path> folders;
+  std::error_code ec;
+  for (const auto& file : files) {
+    const std::filesystem::path folder = file.parent_path();
+    if (folders.insert(folder).second && std::filesystem::is_regular_file(folder / kSupersededFile, ec))
+      out.push_back(folder / kSupersededFile);
+  }
+  return out;
+}
+
 std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files,
                                  const std::filesystem::path& data_dir) {
   struct Acc {
@@ -120,25 +132,21 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
   };
   std::map<std::string, Acc> groups;
   std::vector<std::string> order;
-  // Each folder's superseded list, read once: (file name, key) -> how many records it left out.
+  // Each folder's superseded list, read once: (file, key) -> how many records it left out.
   struct Left {
     std::filesystem::path list;
     SupersededRecord entry;
     int records = 0;
   };
   std::map<std::pair<std::string, std::string>, Left> left_out;  // (folder/file, key)
-  std::set<std::filesystem::path> folders;
-  for (const auto& file : files) {
-    const std::filesystem::path folder = file.parent_path();
-    if (!folders.insert(folder).second) continue;
-    const std::filesystem::path list = folder / kSupersededFile;
+  for (const std::filesystem::path& list : superseded_lists(files))
     for (SupersededRecord& e : read_superseded(list)) {
-      const std::pair<std::string, std::string> id{(folder / e.file).lexically_normal().string(), e.key};
+      const std::pair<std::string, std::string> id{(list.parent_path() / e.file).lexically_normal().string(), e.key};
       left_out[id] = Left{list, std::move(e), 0};
     }
-  }
   std::set<std::string> loaded;
   for (const auto& file : files) loaded.insert(file.lexically_normal().string());
+  std::pair<std::filesystem::path, std::string> normal_of;  // the file of the record at hand, normalised
   for_each_jsonl(files, "", [&](const std::filesystem::path& file, const std::string& where, const nlohmann::json& j) {
     try {
       if (j.value("warmup", false)) return;
@@ -151,7 +159,8 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       if (mem.contains("gpu_limit") && mem.at("gpu_limit").is_number())
         key += " gpu-limit=" + fmt_g(mem.at("gpu_limit").get<double>() / kBytesPerGiB) + "GiB";
       if (!left_out.empty()) {
-        const auto sup = left_out.find({file.lexically_normal().string(), key});
+        if (file != normal_of.first) normal_of = {file, file.lexically_normal().string()};  // once a file
+        const auto sup = left_out.find({normal_of.second, key});
         if (sup != left_out.end()) {
           ++sup->second.records;
           return;

@@ -55,6 +55,9 @@ struct SupersededRecord {
 // The entries of one superseded.toml; none when the file does not exist. Bad input (an unknown
 // key, a missing file, key or reason) is an InputError naming the file and the entry.
 std::vector<SupersededRecord> read_superseded(const std::filesystem::path& path);
+// The superseded.toml of each folder the runs files lie in, where one exists, in the order the
+// folders first appear: the lists load_runs applies (and a fit's data hash covers).
+std::vector<std::filesystem::path> superseded_lists(const std::vector<std::filesystem::path>& files);
 
 // Reads JSONL files; malformed lines fail with file:line and the key. Records named in their
 // folder's superseded.toml are left out (one line to stderr says how many); an entry naming a

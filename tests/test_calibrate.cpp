@@ -6,7 +6,6 @@
 
 #include <fstream>
 #include <random>
-#include <set>
 #include <sstream>
 
 #include "calibrate/cross_validate.h"
@@ -407,11 +406,10 @@ TEST_CASE("the committed H200 profile names the runs it was fitted from: their b
     all += s.str();
   }
   // The folder's superseded list decided which of those records the fit saw.
-  std::set<fs::path> folders;
-  for (const std::string& r : hw.calibration_runs) {
-    const fs::path folder = (test::data_dir() / r).parent_path();
-    if (!folders.insert(folder).second || !fs::exists(folder / kSupersededFile)) continue;
-    std::ifstream in(folder / kSupersededFile, std::ios::binary);
+  std::vector<fs::path> files;
+  for (const std::string& r : hw.calibration_runs) files.push_back(test::data_dir() / r);
+  for (const fs::path& list : superseded_lists(files)) {
+    std::ifstream in(list, std::ios::binary);
     std::ostringstream s;
     s << in.rdbuf();
     all += s.str();
