@@ -98,7 +98,7 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
       const TimedPhases<double> ph = timed_phases(p.time, runs[i].config.engine != Engine::kStepcast);
       out[i] = {&runs[i],       p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes, p.memory.host_per_rank_bytes,
                 ph.forward_s,   ph.backward_s, ph.optimizer_s,
-                unseen_dimensions(region, runs[i].model.name, runs[i].config)};
+                unseen_dimensions(region, runs[i].model.name, runs[i].config), p.time.host_issue_ratio};
     }
   }
   out.erase(std::remove_if(out.begin(), out.end(), [](const CvPrediction& p) { return p.run == nullptr; }), out.end());
@@ -113,7 +113,7 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
     const RunRecord& r = *p.run;
     step.push_back(std::abs(p.step_s / r.step_s - 1));
     // The profile's interval model (with the run's distance from its fold's region), else the fold's own band.
-    if (!interval.empty() ? std::abs(std::log(r.step_s / p.step_s)) <= interval_log_halfwidth(interval, p.unseen_dims)
+    if (!interval.empty() ? std::abs(std::log(r.step_s / p.step_s)) <= interval_log_halfwidth(interval, p.unseen_dims, launch_bound(p.host_issue_ratio))
                           : std::abs(p.step_s - r.step_s) <= 1.96 * p.step_std_s)
       ++inside;
     if (r.gpu_peak_reserved_bytes > 0) mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
@@ -178,29 +178,49 @@ nlohmann::json loco_rows(std::vector<CvPrediction> predictions) {
                     {"predicted_host_memory_bytes", p.host_memory_bytes},
                     {"host_memory_error_pct",
                      r.host_peak_rss_bytes > 0 ? 100 * (p.host_memory_bytes / r.host_peak_rss_bytes - 1) : 0.0},
-                    {"unseen_dimensions", p.unseen_dims}});
+                    {"unseen_dimensions", p.unseen_dims},
+                    {"host_issue_ratio", p.host_issue_ratio}});
   }
   return rows;
 }
 
 }  // namespace
 
+void set_interval_quantiles(const std::vector<CvPrediction>& predictions, IntervalModel& m) {
+  // |log(measured / predicted)| by class: [launch-bound][outside the fold's region].
+  std::vector<double> scores[2][2];
+  for (const CvPrediction& p : predictions)
+    scores[launch_bound(p.host_issue_ratio)][p.unseen_dims > 0].push_back(std::abs(std::log(p.run->step_s / p.step_s)));
+  const auto set_pair = [](const std::vector<double>& seen, const std::vector<double>& unseen, double& q_seen,
+                           double& q_unseen, int& n_seen, int& n_unseen) {
+    n_seen = static_cast<int>(seen.size());
+    n_unseen = static_cast<int>(unseen.size());
+    q_seen = std::max(conformal_q95(seen), 1e-6);
+    q_unseen = std::max(conformal_q95(unseen), q_seen);
+  };
+  m.log_q95_seen_launch_bound = m.log_q95_unseen_launch_bound = 0;
+  m.seen_launch_bound_predictions = m.unseen_launch_bound_predictions = 0;
+  if (scores[1][0].size() >= kConformalMinScores) {  // a launch-bound class of its own
+    set_pair(scores[0][0], scores[0][1], m.log_q95_seen, m.log_q95_unseen, m.seen_predictions, m.unseen_predictions);
+    set_pair(scores[1][0], scores[1][1], m.log_q95_seen_launch_bound, m.log_q95_unseen_launch_bound,
+             m.seen_launch_bound_predictions, m.unseen_launch_bound_predictions);
+    return;
+  }
+  // Too few launch-bound residuals for a 95 % quantile of their own: one pair for all.
+  for (int side = 0; side < 2; ++side)
+    scores[0][side].insert(scores[0][side].end(), scores[1][side].begin(), scores[1][side].end());
+  set_pair(scores[0][0], scores[0][1], m.log_q95_seen, m.log_q95_unseen, m.seen_predictions, m.unseen_predictions);
+}
+
 IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                              const HardwareProfile& hw) {
-  std::vector<double> seen, unseen;
-  const auto collect = [&](const std::vector<CvPrediction>& preds) {
-    for (const CvPrediction& p : preds) {
-      const double e = std::abs(std::log(p.run->step_s / p.step_s));
-      (p.unseen_dims == 0 ? seen : unseen).push_back(e);
-    }
-  };
-  collect(cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; }));
-  for (const auto& [name, fold_of] : regime_groupings()) collect(cross_validate(runs, micro, hw, fold_of));
+  std::vector<CvPrediction> preds = cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; });
+  for (const auto& [name, fold_of] : regime_groupings()) {
+    const std::vector<CvPrediction> group = cross_validate(runs, micro, hw, fold_of);
+    preds.insert(preds.end(), group.begin(), group.end());
+  }
   IntervalModel m = region_of(runs);
-  m.seen_predictions = static_cast<int>(seen.size());
-  m.unseen_predictions = static_cast<int>(unseen.size());
-  m.log_q95_seen = std::max(conformal_q95(seen), 1e-6);
-  m.log_q95_unseen = std::max(conformal_q95(unseen), m.log_q95_seen);
+  set_interval_quantiles(preds, m);
   return m;
 }
 
@@ -213,7 +233,17 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
   cv["loco"]["runs"] = loco_rows(loco);
   cv["interval"] = {{"source", hw.interval.empty() ? "coefficient covariance and model error" : "cross-validated (conformal)"},
                     {"log_q95_seen", hw.interval.log_q95_seen},
-                    {"log_q95_unseen", hw.interval.log_q95_unseen}};
+                    {"log_q95_unseen", hw.interval.log_q95_unseen},
+                    {"log_q95_seen_launch_bound", hw.interval.log_q95_seen_launch_bound},
+                    {"log_q95_unseen_launch_bound", hw.interval.log_q95_unseen_launch_bound},
+                    {"launch_bound_issue_ratio", kLaunchBoundIssueRatio}};
+  // Coverage and error within each interval class (leave one configuration out).
+  for (const bool bound : {false, true}) {
+    std::vector<CvPrediction> members;
+    for (const CvPrediction& p : loco)
+      if (launch_bound(p.host_issue_ratio) == bound) members.push_back(p);
+    cv["loco"][bound ? "launch_bound" : "gpu_bound"] = cv_summary(members, hw.interval);
+  }
   std::vector<std::pair<std::string, std::function<std::string(const RunRecord&)>>> groupings = regime_groupings();
   groupings.emplace_back("file", [](const RunRecord& r) { return r.source; });
   cv["groups"] = nlohmann::json::array();

@@ -24,6 +24,7 @@ struct CvPrediction {
   double host_memory_bytes = 0;  // one rank process's host memory (the records hold rank 0's)
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
   int unseen_dims = 0;  // regime dimensions of the run outside its fold's fitted runs (unseen_dimensions)
+  double host_issue_ratio = 0;  // the fold's StepTime::host_issue_ratio: which interval class it falls in
 };
 
 // Standard errors of the fitted coefficients (hw.engine's fit) as the data give them: the
@@ -38,11 +39,15 @@ std::vector<double> bootstrap_std_errors(const std::vector<RunRecord>& runs, con
 // The region a set of runs covers (IntervalModel's value lists and ranges; no quantiles).
 IntervalModel region_of(const std::vector<RunRecord>& runs);
 
-// The interval model of a fit to `runs` (hw.engine's fit): its cross-validated residuals,
-// leave one configuration out and leave one group out (model, ZeRO stage, offload, sequence,
-// GPU count), split by whether the held-out run lay inside its fold's region; the conformal
-// 95 % quantile of each pool (the ceil(0.95 (n + 1))-th smallest |log(measured / predicted)|,
-// the largest where n < 19), and the region of all runs.
+// The conformal 95 % quantiles of cross-validated predictions (the ceil(0.95 (n + 1))-th
+// smallest |log(measured / predicted)| of each pool, the largest where n < 19), pooled by
+// whether the held-out run lay inside its fold's region, and by whether it was launch-bound
+// where at least kConformalMinScores launch-bound predictions lay inside (else one pair for all).
+void set_interval_quantiles(const std::vector<CvPrediction>& predictions, IntervalModel& m);
+
+// The interval model of a fit to `runs` (hw.engine's fit): set_interval_quantiles over its
+// cross-validated residuals, leave one configuration out and leave one group out (model, ZeRO
+// stage, offload, sequence, GPU count), and the region of all runs.
 IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                              const HardwareProfile& hw);
 

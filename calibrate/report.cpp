@@ -206,6 +206,9 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                   100 * s["coverage_95"].get<double>());
     };
     line("each configuration (LOCO)", cv["loco"]);
+    // The interval's two classes (Mondrian conformal): host issue time >= kLaunchBoundIssueRatio x GPU time, or not.
+    line("  of them GPU-bound", cv["loco"]["gpu_bound"]);
+    line("  of them launch-bound", cv["loco"]["launch_bound"]);
     for (const auto& g : cv["groups"]) line(g["name"].get<std::string>(), g);
     const nlohmann::json& lo = cv["loco"];
     if (lo["host_memory_configurations"].get<int>() > 0)

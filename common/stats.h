@@ -35,6 +35,9 @@ inline double kendall_tau_b(const std::vector<double>& x, const std::vector<doub
   return denom > 0 ? (concordant - discordant) / denom : 0.0;
 }
 
+// The fewest scores whose 95 % conformal quantile is one of them: ceil(0.95 (n + 1)) <= n.
+inline constexpr size_t kConformalMinScores = 19;
+
 // The split-conformal 95 % quantile of n scores (Vovk et al.; Lei et al. 2018, "Distribution-free
 // predictive inference for regression"): the ceil(0.95 (n + 1))-th smallest, the largest when
 // that rank passes n; 0 for none. A new score from the same distribution falls at or below it

@@ -49,7 +49,9 @@ Precision parse_precision(const std::string& text, const std::string& what) {
 namespace {
 
 IntervalModel parse_interval(const TomlReader& t) {
-  t.reject_unknown_keys({"log_q95_seen", "log_q95_unseen", "seen_predictions", "unseen_predictions", "models",
+  t.reject_unknown_keys({"log_q95_seen", "log_q95_unseen", "seen_predictions", "unseen_predictions",
+                         "log_q95_seen_launch_bound", "log_q95_unseen_launch_bound", "seen_launch_bound_predictions",
+                         "unseen_launch_bound_predictions", "models",
                          "offloads", "precisions", "attentions", "pefts", "zero_stages", "world_sizes", "seq_min", "seq_max",
                          "micro_tokens_max"});
   IntervalModel m;
@@ -57,6 +59,13 @@ IntervalModel parse_interval(const TomlReader& t) {
   m.log_q95_unseen = t.get_double("log_q95_unseen", m.log_q95_seen, 10.0);
   m.seen_predictions = static_cast<int>(t.get_int_or("seen_predictions", 0, 0, 1 << 30));
   m.unseen_predictions = static_cast<int>(t.get_int_or("unseen_predictions", 0, 0, 1 << 30));
+  if (t.table().contains("log_q95_seen_launch_bound") || t.table().contains("log_q95_unseen_launch_bound")) {
+    m.log_q95_seen_launch_bound = t.get_double("log_q95_seen_launch_bound", 1e-6, 10.0);
+    m.log_q95_unseen_launch_bound = t.get_double("log_q95_unseen_launch_bound", m.log_q95_seen_launch_bound, 10.0);
+    m.seen_launch_bound_predictions = static_cast<int>(t.get_int_or("seen_launch_bound_predictions", 0, 0, 1 << 30));
+    m.unseen_launch_bound_predictions =
+        static_cast<int>(t.get_int_or("unseen_launch_bound_predictions", 0, 0, 1 << 30));
+  }
   m.models = t.get_string_array_or("models");
   m.offloads = t.get_string_array_or("offloads");
   m.precisions = t.get_string_array_or("precisions");
@@ -103,8 +112,13 @@ std::string interval_text(const std::string& header, const IntervalModel& m) {
   };
   o << "\n[" << header << "]\n"
     << "log_q95_seen = " << m.log_q95_seen << "\nlog_q95_unseen = " << m.log_q95_unseen
-    << "\nseen_predictions = " << m.seen_predictions << "\nunseen_predictions = " << m.unseen_predictions
-    << "\nmodels = " << toml_string_array(m.models) << "\noffloads = " << toml_string_array(m.offloads)
+    << "\nseen_predictions = " << m.seen_predictions << "\nunseen_predictions = " << m.unseen_predictions;
+  if (m.has_launch_bound_class())
+    o << "\nlog_q95_seen_launch_bound = " << m.log_q95_seen_launch_bound
+      << "\nlog_q95_unseen_launch_bound = " << m.log_q95_unseen_launch_bound
+      << "\nseen_launch_bound_predictions = " << m.seen_launch_bound_predictions
+      << "\nunseen_launch_bound_predictions = " << m.unseen_launch_bound_predictions;
+  o << "\nmodels = " << toml_string_array(m.models) << "\noffloads = " << toml_string_array(m.offloads)
     << "\nprecisions = " << toml_string_array(m.precisions) << "\nattentions = " << toml_string_array(m.attentions)
     << (m.pefts == std::vector<std::string>{"none"} ? "" : "\npefts = " + toml_string_array(m.pefts))
     << "\nzero_stages = " << ints(m.zero_stages) << "\nworld_sizes = " << ints(m.world_sizes)

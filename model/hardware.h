@@ -97,17 +97,33 @@ struct LinkSpec {
 // over predictions in regimes it never saw (leave one group out: a model, ZeRO stage, offload,
 // sequence length or GPU count held out whole); and the region its runs cover. A prediction's
 // half-width grows from the first by the step to the second for each dimension outside the region.
+//
+// Launch-bound predictions (kLaunchBoundIssueRatio) have quantiles of their own (Mondrian
+// conformal, Vovk et al. 2005, ch. 4: the guarantee holds within each class): there the step
+// follows the host's single-thread speed, which differs between machines of one kind. Where a
+// profile has none (log_q95_seen_launch_bound 0), one pair covers every prediction.
 struct IntervalModel {
   double log_q95_seen = 0;    // 0: no interval model (covariance and model error instead)
   double log_q95_unseen = 0;
   int seen_predictions = 0, unseen_predictions = 0;  // how many cross-validated residuals each rests on
+  double log_q95_seen_launch_bound = 0;  // 0: launch-bound predictions take the pair above
+  double log_q95_unseen_launch_bound = 0;
+  int seen_launch_bound_predictions = 0, unseen_launch_bound_predictions = 0;
   std::vector<std::string> models, offloads, precisions, attentions;
   std::vector<std::string> pefts = {"none"};  // fine-tuning methods (peft_name); absent in a profile: full only
   std::vector<int64_t> zero_stages, world_sizes;
   double seq_min = 0, seq_max = 0;  // sequence lengths between them count as seen
   double micro_tokens_max = 0;      // micro-batch x sequence beyond it counts as unseen
   bool empty() const { return log_q95_seen <= 0.0; }
+  bool has_launch_bound_class() const { return log_q95_seen_launch_bound > 0.0; }
 };
+
+// A prediction is launch-bound when the host needs at least this share of the GPU's time to
+// issue its passes (StepTime::host_issue_ratio). Below 1 because a machine whose host is slower
+// than the calibrated ones turns such a pass host-bound: the same configuration on H200 hosts
+// of one kind ran 1.143-1.502 s (docs/calibration.md, session 27), a host 1.3x slower, and
+// 1 / 1.3 is about 0.75.
+inline constexpr double kLaunchBoundIssueRatio = 0.75;
 
 // The hash split a fit held out by (calibrate/run_record.h, is_holdout): frac < 0 when unknown.
 struct HoldoutSplit {

@@ -118,8 +118,11 @@ int unseen_dimensions(const IntervalModel& m, const std::string& model, const Tr
   return k;
 }
 
-double interval_log_halfwidth(const IntervalModel& m, int unseen_dims) {
-  return m.log_q95_seen + static_cast<double>(unseen_dims) * (m.log_q95_unseen - m.log_q95_seen);
+double interval_log_halfwidth(const IntervalModel& m, int unseen_dims, bool launch_bound) {
+  const bool own = launch_bound && m.has_launch_bound_class();
+  const double seen = own ? m.log_q95_seen_launch_bound : m.log_q95_seen;
+  const double unseen = own ? m.log_q95_unseen_launch_bound : m.log_q95_unseen;
+  return seen + static_cast<double>(unseen_dims) * (unseen - seen);
 }
 
 void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model) {
@@ -134,7 +137,9 @@ void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& h
   if (!hw.interval.empty() && hw.coefs_calibrated) {
     p.unseen_dims = unseen_dimensions(hw.interval, model, p.config);
     // The interval is symmetric in log(step time); its larger side, as a standard deviation.
-    p.step_std_s = p.time.step_s * std::expm1(interval_log_halfwidth(hw.interval, p.unseen_dims)) / 1.96;
+    p.step_std_s = p.time.step_s * std::expm1(interval_log_halfwidth(hw.interval, p.unseen_dims,
+                                                                                launch_bound(p.time.host_issue_ratio))) /
+                   1.96;
     return;
   }
   p.step_std_s = step_interval_std_s(f, hw, p.time.step_s);

@@ -72,8 +72,12 @@ std::vector<OutsideDimension> outside_dimensions(const IntervalModel& m, const s
 int unseen_dimensions(const IntervalModel& m, const std::string& model, const TrainConfig& c);
 
 // Half-width of the 95 % interval of log(step time): the seen quantile, plus the step to the
-// unseen one for each dimension outside the region.
-double interval_log_halfwidth(const IntervalModel& m, int unseen_dims);
+// unseen one for each dimension outside the region; a launch-bound prediction's own pair where
+// the model has one.
+double interval_log_halfwidth(const IntervalModel& m, int unseen_dims, bool launch_bound);
+
+// Whether a prediction is launch-bound (host_issue_ratio at least kLaunchBoundIssueRatio).
+inline bool launch_bound(double host_issue_ratio) { return host_issue_ratio >= kLaunchBoundIssueRatio; }
 
 // Sets p.step_std_s and p.unseen_dims for `model` on `hw` (features f).
 void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model);

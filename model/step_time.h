@@ -36,6 +36,9 @@ struct StepTime {
   T gas_s{}, opt_s{}, step_s{};
   T tail_s{};  // after the last micro-batch: optimizer, uploads, post-step all-gathers (exposed)
   T forward_gather_s{};  // the share of param_gather_s before the forwards' modules
+  // The host's time to issue a micro-batch's passes (launches, fetches, hooks) over the GPU's
+  // time to run them: 1 or more where the host sets the pace (launch-bound), whatever the GPU.
+  T host_issue_ratio{};
 };
 
 namespace detail {
@@ -370,6 +373,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.opt_s = boundary_micro_s + tail_s;
   out.tail_s = tail_s;
   out.step_s = out.gas_s + out.opt_s;
+  out.host_issue_ratio = (launch_fwd_s + fetch_fwd_host_s + launch_bwd_s + hook_host_s) / (fwd_gpu_s + bwd_gpu_total_s);
   return out;
 }
 

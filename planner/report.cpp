@@ -82,12 +82,21 @@ std::string interval_legend(const HardwareProfile& hw) {
   if (hw.interval.empty()) return "parameter and model error";
   const double seen = 100 * std::expm1(hw.interval.log_q95_seen);
   const double step = 100 * (std::expm1(hw.interval.log_q95_unseen) - std::expm1(hw.interval.log_q95_seen));
-  char buf[200];
+  char buf[320];
   std::snprintf(buf, sizeof buf,
                 "cross-validated (conformal): ±%.1f %% inside the calibrated runs' region, about +%.1f %% per "
                 "dimension outside it",
                 seen, step);
-  return buf;
+  std::string out = buf;
+  if (hw.interval.has_launch_bound_class()) {
+    std::snprintf(buf, sizeof buf, "; launch-bound plans (the host issues their kernels in %.0f %% or more of the "
+                  "GPU's time) ±%.1f %%, +%.1f %% per dimension",
+                  100 * kLaunchBoundIssueRatio, 100 * std::expm1(hw.interval.log_q95_seen_launch_bound),
+                  100 * (std::expm1(hw.interval.log_q95_unseen_launch_bound) -
+                         std::expm1(hw.interval.log_q95_seen_launch_bound)));
+    out += buf;
+  }
+  return out;
 }
 
 std::string format_gib(double bytes) { return fmt("%.1f", bytes / kBytesPerGiB); }
@@ -122,6 +131,7 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   j["config"] = train_config_to_json(c);
   j["family"] = family_name(c);
   j["fits"] = p.fits;
+  j["launch_bound"] = launch_bound(t.host_issue_ratio);
   // Micro-batch x sequence beyond the calibrated profile's fitted runs: extrapolated.
   j["extrapolated"] = ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len);
   // Every regime dimension outside the calibrated runs, with the calibrated range.
@@ -134,6 +144,8 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   j["time_s"] = {{"step", t.step_s},
                  {"step_std", p.step_std_s},
                  {"step_interval_95", step_interval_95_s(p)},
+                 // Host issue time over GPU time of the passes: launch-bound from kLaunchBoundIssueRatio.
+                 {"host_issue_ratio", t.host_issue_ratio},
                  {"gas", gas_time},
                  {"opt", t.opt_s},
                  {"forward", t.forward_s},

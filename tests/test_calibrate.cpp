@@ -551,3 +551,45 @@ TEST_CASE("the committed superseded list names only records that exist, and each
     }
   }
 }
+
+TEST_CASE("interval quantiles by class: conformal ranks by hand, pooled under 19 launch-bound residuals") {
+  // 40 GPU-bound predictions with |log error| 0.001 ... 0.040 and 20 launch-bound ones with
+  // 0.01 ... 0.20, all inside their folds' regions. The conformal 95 % quantile of n scores is
+  // the ceil(0.95 (n + 1))-th smallest: ceil(38.95) = 39th of 40 -> 0.039; ceil(19.95) = 20th of
+  // 20 -> 0.20. With no unseen predictions the unseen quantile is the seen one.
+  std::vector<RunRecord> runs(60);
+  std::vector<CvPrediction> preds;
+  for (int i = 0; i < 60; ++i) {
+    const bool bound = i >= 40;
+    const double err = bound ? 0.01 * (i - 39) : 0.001 * (i + 1);
+    runs[i].step_s = 1.0;
+    CvPrediction p;
+    p.run = &runs[i];
+    p.step_s = std::exp(i % 2 ? err : -err);  // either side: the score is |log|
+    p.host_issue_ratio = bound ? 1.5 : 0.2;
+    preds.push_back(p);
+  }
+  IntervalModel m;
+  set_interval_quantiles(preds, m);
+  REQUIRE(m.has_launch_bound_class());
+  CHECK(m.log_q95_seen == doctest::Approx(0.039));
+  CHECK(m.log_q95_unseen == doctest::Approx(0.039));
+  CHECK(m.log_q95_seen_launch_bound == doctest::Approx(0.20));
+  CHECK(m.seen_predictions == 40);
+  CHECK(m.seen_launch_bound_predictions == 20);
+  // The bound of the class: 0.75 counts as launch-bound, just below does not.
+  preds[0].host_issue_ratio = kLaunchBoundIssueRatio;
+  preds[40].host_issue_ratio = kLaunchBoundIssueRatio - 1e-9;  // 0.01 joins the GPU-bound pool
+  set_interval_quantiles(preds, m);
+  CHECK(m.seen_predictions == 40);
+  CHECK(m.seen_launch_bound_predictions == 20);
+  // 18 launch-bound (drop 0.19 and 0.20): too few for a 95 % quantile of their own. One pool of
+  // 58: the ceil(0.95 x 59) = 57th smallest, the second largest, 0.17.
+  preds[40].host_issue_ratio = 1.5;
+  preds[0].host_issue_ratio = 0.2;
+  preds.resize(58);
+  set_interval_quantiles(preds, m);
+  CHECK_FALSE(m.has_launch_bound_class());
+  CHECK(m.log_q95_seen == doctest::Approx(0.17));
+  CHECK(m.seen_predictions == 58);
+}

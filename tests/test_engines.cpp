@@ -568,8 +568,9 @@ TEST_CASE("the interval model: regime distance by hand, half-width, and its prof
   c.offload_optimizer = OffloadDevice::kCpu;
   c.gpus_per_node = 8;  // stage 1 and 8 ranks unseen; "cpu" offload seen
   CHECK(unseen_dimensions(m, "llama-2-7b", c) == 2);
-  CHECK(interval_log_halfwidth(m, 0) == doctest::Approx(0.10));
-  CHECK(interval_log_halfwidth(m, 2) == doctest::Approx(0.10 + 2 * 0.15));
+  CHECK(interval_log_halfwidth(m, 0, false) == doctest::Approx(0.10));
+  CHECK(interval_log_halfwidth(m, 2, false) == doctest::Approx(0.10 + 2 * 0.15));
+  CHECK(interval_log_halfwidth(m, 2, true) == doctest::Approx(0.10 + 2 * 0.15));  // no class of its own: the pair
   // A calibrated profile with the model: a prediction's band is exp(half-width) - 1 of its step.
   HardwareProfile hw = hardware("h200-sxm");
   REQUIRE(hw.coefs_calibrated);
@@ -599,6 +600,78 @@ TEST_CASE("the interval model: regime distance by hand, half-width, and its prof
   std::string bad = eng;
   bad.replace(bad.find("log_q95_unseen = 0.25"), 21, "log_q95_unseen = 0.05");  // below the seen quantile
   CHECK_THROWS_AS(parse_hardware_profile(bad, "b.toml"), InputError);
+}
+
+TEST_CASE("launch-bound predictions: which they are, their own interval pair, and its profile keys") {
+  // Measured on one H200 (docs/calibration.md): llama-2-7b at micro-batch 1 x 512 tokens ran 79 ms
+  // a micro-batch where its GEMMs need about 6 x 6.7e9 x 512 / 600e12 = 34 ms at the H200's
+  // achieved dense rate: the host sets the pace (ratio above 1). At micro-batch 8 x 2048 the
+  // GPU's work is 32x more while the kernels issued stay the same: far below the class's bound.
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig small;
+  small.micro_batch = 1;
+  small.seq_len = 512;
+  small.gas = 16;
+  TrainConfig big = small;
+  big.micro_batch = 8;
+  big.seq_len = 2048;
+  big.gas = 2;
+  const Prediction ps = evaluate(model("llama-2-7b"), hw, small), pb = evaluate(model("llama-2-7b"), hw, big);
+  CHECK(ps.time.host_issue_ratio > 1.0);
+  CHECK(launch_bound(ps.time.host_issue_ratio));
+  CHECK(pb.time.host_issue_ratio < 0.25);
+  CHECK_FALSE(launch_bound(pb.time.host_issue_ratio));
+
+  IntervalModel m;
+  m.log_q95_seen = 0.08;
+  m.log_q95_unseen = 0.12;
+  m.log_q95_seen_launch_bound = 0.20;
+  m.log_q95_unseen_launch_bound = 0.30;
+  m.seen_launch_bound_predictions = 25;
+  m.unseen_launch_bound_predictions = 60;
+  CHECK(interval_log_halfwidth(m, 0, false) == doctest::Approx(0.08));
+  CHECK(interval_log_halfwidth(m, 1, false) == doctest::Approx(0.12));
+  CHECK(interval_log_halfwidth(m, 0, true) == doctest::Approx(0.20));
+  CHECK(interval_log_halfwidth(m, 2, true) == doctest::Approx(0.20 + 2 * 0.10));
+  // A prediction takes its class's pair.
+  HardwareProfile with = hw;
+  with.interval = hw.interval;
+  with.interval.log_q95_seen = 0.08;
+  with.interval.log_q95_unseen = 0.12;
+  with.interval.log_q95_seen_launch_bound = 0.20;
+  with.interval.log_q95_unseen_launch_bound = 0.30;
+  const Prediction qs = evaluate(model("llama-2-7b"), with, small), qb = evaluate(model("llama-2-7b"), with, big);
+  REQUIRE(qs.unseen_dims == 0);
+  REQUIRE(qb.unseen_dims == 0);
+  CHECK(1.96 * qs.step_std_s == doctest::Approx(qs.time.step_s * std::expm1(0.20)));
+  CHECK(1.96 * qb.step_std_s == doctest::Approx(qb.time.step_s * std::expm1(0.08)));
+  // Written and read back; the unseen quantile may not fall below the seen one.
+  m.models = {"llama-2-7b"};
+  m.zero_stages = {0};
+  m.world_sizes = {1};
+  m.seq_min = 512;
+  m.seq_max = 2048;
+  m.micro_tokens_max = 16384;
+  CalibratedCoefficients cc;
+  cc.values = hw.coefs;
+  cc.interval = m;
+  const std::string text = with_calibrated_coefficients(read_text_file(hw.path), cc);
+  const IntervalModel back = parse_hardware_profile(text, "w.toml").interval;
+  CHECK(back.log_q95_seen_launch_bound == doctest::Approx(0.20));
+  CHECK(back.log_q95_unseen_launch_bound == doctest::Approx(0.30));
+  CHECK(back.seen_launch_bound_predictions == 25);
+  CHECK(back.unseen_launch_bound_predictions == 60);
+  std::string bad = text;
+  bad.replace(bad.find("log_q95_unseen_launch_bound = 0.3"), 33, "log_q95_unseen_launch_bound = 0.1");
+  CHECK_THROWS_AS(parse_hardware_profile(bad, "b.toml"), InputError);
+  // Without the class's keys, one pair for all (profiles written before it, other engines).
+  IntervalModel pooled = m;
+  pooled.log_q95_seen_launch_bound = pooled.log_q95_unseen_launch_bound = 0;
+  cc.interval = pooled;
+  const IntervalModel back2 =
+      parse_hardware_profile(with_calibrated_coefficients(read_text_file(hw.path), cc), "w.toml").interval;
+  CHECK_FALSE(back2.has_launch_bound_class());
+  CHECK(interval_log_halfwidth(back2, 0, true) == doctest::Approx(0.08));
 }
 
 TEST_CASE("the peers' eager attention reads and writes its score matrix: bytes per score by hand count") {
