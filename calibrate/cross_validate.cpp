@@ -108,14 +108,19 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
 nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval) {
   std::vector<double> step, mem, host, fwd, bwd, opt;
   double host_max_bytes = 0;  // the largest host miss in bytes: a percentage of a small process says little
-  int inside = 0;
+  int inside = 0, measurements = 0;
   for (const CvPrediction& p : predictions) {
     const RunRecord& r = *p.run;
     step.push_back(std::abs(p.step_s / r.step_s - 1));
-    // The profile's interval model (with the run's distance from its fold's region), else the fold's own band.
-    if (!interval.empty() ? std::abs(std::log(r.step_s / p.step_s)) <= interval_log_halfwidth(interval, p.unseen_dims, launch_bound(p.host_issue_ratio))
-                          : std::abs(p.step_s - r.step_s) <= 1.96 * p.step_std_s)
-      ++inside;
+    // The profile's interval model (with the run's distance from its fold's region), else the
+    // fold's own band; for each runs file's measurement of the configuration.
+    for (const double measured_s : step_measurements_s(r)) {
+      ++measurements;
+      if (!interval.empty() ? std::abs(std::log(measured_s / p.step_s)) <=
+                                  interval_log_halfwidth(interval, p.unseen_dims, launch_bound(p.host_issue_ratio))
+                            : std::abs(p.step_s - measured_s) <= 1.96 * p.step_std_s)
+        ++inside;
+    }
     if (r.gpu_peak_reserved_bytes > 0) mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
     if (r.host_peak_rss_bytes > 0) {
       host.push_back(std::abs(p.host_memory_bytes / r.host_peak_rss_bytes - 1));
@@ -138,7 +143,8 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
           {"host_memory_max_abs_pct_error", h["max"]},
           {"host_memory_max_abs_error_bytes", host_max_bytes},
           {"phases_abs_pct_error", {{"forward", error_stats(fwd)}, {"backward", error_stats(bwd)}, {"optimizer", error_stats(opt)}}},
-          {"coverage_95", predictions.empty() ? 0.0 : static_cast<double>(inside) / static_cast<double>(predictions.size())}};
+          {"coverage_95", measurements == 0 ? 0.0 : static_cast<double>(inside) / static_cast<double>(measurements)},
+          {"coverage_measurements", measurements}};
 }
 
 namespace {
@@ -189,8 +195,11 @@ nlohmann::json loco_rows(std::vector<CvPrediction> predictions) {
 void set_interval_quantiles(const std::vector<CvPrediction>& predictions, IntervalModel& m) {
   // |log(measured / predicted)| by class: [launch-bound][outside the fold's region].
   std::vector<double> scores[2][2];
+  // One score per runs file that measured the configuration: the interval answers for one run
+  // on one machine, not for the median over machines.
   for (const CvPrediction& p : predictions)
-    scores[launch_bound(p.host_issue_ratio)][p.unseen_dims > 0].push_back(std::abs(std::log(p.run->step_s / p.step_s)));
+    for (const double measured_s : step_measurements_s(*p.run))
+      scores[launch_bound(p.host_issue_ratio)][p.unseen_dims > 0].push_back(std::abs(std::log(measured_s / p.step_s)));
   const auto set_pair = [](const std::vector<double>& seen, const std::vector<double>& unseen, double& q_seen,
                            double& q_unseen, int& n_seen, int& n_unseen) {
     n_seen = static_cast<int>(seen.size());

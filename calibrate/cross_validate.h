@@ -59,9 +59,10 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
 
 // Mean, p90 and max absolute percent errors of step time, each phase, peak GPU memory and host
 // memory (over the runs whose records hold their host high-water mark), and
-// the fraction of measured step times inside the 95 % interval (coverage_95).
-// Coverage counts a run inside `interval`'s band (at its unseen dimensions) where the model has one,
-// else inside 1.96 of its fold's step_std_s.
+// the fraction of measured step times inside the 95 % interval (coverage_95, over
+// coverage_measurements: each runs file's median of a configuration counts once).
+// Coverage counts a measurement inside `interval`'s band (at its unseen dimensions and class) where
+// the model has one, else inside 1.96 of its fold's step_std_s.
 nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval = {});
 
 // The report's "cv" object: {loco: summary + configurations + runs (each configuration's

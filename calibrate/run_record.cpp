@@ -129,6 +129,7 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
   struct Acc {
     RunRecord rec;
     std::map<std::string, std::vector<double>> values;
+    std::vector<std::pair<std::string, std::vector<double>>> by_file;  // each file's steps, in load order
   };
   std::map<std::string, Acc> groups;
   std::vector<std::string> order;
@@ -191,6 +192,8 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
       constexpr double kMaxBytes = 1e15;       // 1 PB of memory on one device
       const auto& t = j.at("time_s");
       acc.values["step"].push_back(number(t, "time_s", "step", 0.0, kMaxStepS, true));
+      if (acc.by_file.empty() || acc.by_file.back().first != file.string()) acc.by_file.push_back({file.string(), {}});
+      acc.by_file.back().second.push_back(acc.values["step"].back());
       acc.values["opt"].push_back(number(t, "time_s", "opt", 0.0, kMaxStepS, false));
       // A phase an engine cannot time apart (the peer harnesses' collectives and copies, which run
       // inside the engines' hooks) is null: not measured, 0 here, and no residual in the fit.
@@ -234,9 +237,14 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
     Acc& a = groups[key];
     RunRecord r = a.rec;
     for (const auto& [name, member] : kMedianFields) r.*member = median(a.values[name]);
+    for (const auto& [file, steps] : a.by_file) r.step_s_by_file.push_back(median(steps));
     out.push_back(r);
   }
   return out;
+}
+
+std::vector<double> step_measurements_s(const RunRecord& r) {
+  return r.step_s_by_file.empty() ? std::vector<double>{r.step_s} : r.step_s_by_file;
 }
 
 std::vector<RunRecord> runs_of_engine(const std::vector<RunRecord>& runs, const std::string& engine) {

@@ -29,7 +29,15 @@ struct RunRecord {
   double gpu_peak_allocated_bytes = 0;  // 0: not in the records
   double host_peak_rss_bytes = 0;       // the rank-0 process's high-water mark over its steps; 0: not recorded
   double tokens_per_s = 0;
+  // The median step of each runs file that measured the configuration, in load order: files are
+  // calls, often on other machines of the kind, and step_s (the median over all) hides how far
+  // one machine's run falls from it. Empty: step_s alone.
+  std::vector<double> step_s_by_file;
 };
+
+// The measured step times a prediction of `r` answers for: one per runs file (step_s_by_file),
+// else step_s.
+std::vector<double> step_measurements_s(const RunRecord& r);
 
 // Calls fn(file, where, object) for each non-empty line of each JSONL file (where =
 // "file:line"); an unreadable file or a line that is not JSON is an InputError

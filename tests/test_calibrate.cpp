@@ -301,14 +301,15 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   //                        2026-12-03_longseq_1gpu.jsonl 2026-12-03_stage1_offload_order_ab_new.jsonl
   //                        2026-12-03_validate_1gpu_llama_s26.jsonl 2026-12-03_validate_1gpu_pythia_s26.jsonl
   //                        2026-12-03_host_floor_stages_1gpu.jsonl 2026-12-03_host_floor_by_stage_1gpu.jsonl
-  //                        2026-12-03_host_floor_same_machine_1gpu.jsonl --hardware h200-sxm --holdout-frac 0
+  //                        2026-12-03_host_floor_same_machine_1gpu.jsonl 2026-12-03_interval_classes_1gpu.jsonl
+  //                        2026-12-03_interval_classes_repeat_1gpu.jsonl --hardware h200-sxm --holdout-frac 0
   // leaving out the records data/runs/h200-sxm/superseded.toml names
   // (every configuration: cross-validation is the held-out measure): the component fit on the
   // micro-benchmarks, then the end-to-end fit. The files are the ones its provenance names;
   // refit both stages from them and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
-  REQUIRE(committed.calibration_runs.size() == 21);
+  REQUIRE(committed.calibration_runs.size() == 23);
   std::vector<fs::path> files;
   for (const std::string& r : committed.calibration_runs) files.push_back(test::data_dir() / r);
   const auto runs = load_runs(files, test::data_dir());
@@ -592,4 +593,46 @@ TEST_CASE("interval quantiles by class: conformal ranks by hand, pooled under 19
   CHECK_FALSE(m.has_launch_bound_class());
   CHECK(m.log_q95_seen == doctest::Approx(0.17));
   CHECK(m.seen_predictions == 58);
+  // A configuration measured by two runs files (two calls, two machines) scores each file's
+  // measurement, not their median: 1.0 and exp(0.5) around a prediction of exp(0.25) score 0.25
+  // twice, where the median (1.32, 0.03 from the prediction) would hide the spread.
+  RunRecord twice;
+  twice.step_s = (1.0 + std::exp(0.5)) / 2;
+  twice.step_s_by_file = {1.0, std::exp(0.5)};
+  CvPrediction p;
+  p.run = &twice;
+  p.step_s = std::exp(0.25);
+  p.host_issue_ratio = 0.2;
+  IntervalModel one;
+  set_interval_quantiles({p}, one);
+  CHECK(one.seen_predictions == 2);
+  CHECK(one.log_q95_seen == doctest::Approx(0.25));
+  const nlohmann::json summary = cv_summary({p}, one);
+  CHECK(summary["coverage_measurements"] == 2);
+  CHECK(summary["coverage_95"].get<double>() == doctest::Approx(1.0));
+}
+
+TEST_CASE("run records: a configuration measured in two files keeps each file's median step") {
+  // File a: steps 1.0, 1.2, 1.1 (median 1.1); file b: 1.5, 1.7, 1.6 (median 1.6). The median over
+  // all six is 1.35; the two files' medians stay apart for the interval's scores.
+  nlohmann::json step = first_measured_step_of_memory_holdout();
+  const fs::path a = fs::temp_directory_path() / "stepcast_two_files_a.jsonl";
+  const fs::path b = fs::temp_directory_path() / "stepcast_two_files_b.jsonl";
+  for (const auto& [file, times] : {std::pair{a, std::vector<double>{1.0, 1.2, 1.1}},
+                                    std::pair{b, std::vector<double>{1.5, 1.7, 1.6}}}) {
+    std::ofstream out(file);
+    for (double t : times) {
+      step["time_s"]["step"] = t;
+      out << step.dump() << "\n";
+    }
+  }
+  const std::vector<RunRecord> runs = load_runs({a, b}, test::data_dir());
+  fs::remove(a);
+  fs::remove(b);
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].step_s == doctest::Approx(1.35));
+  REQUIRE(runs[0].step_s_by_file.size() == 2);
+  CHECK(runs[0].step_s_by_file[0] == doctest::Approx(1.1));
+  CHECK(runs[0].step_s_by_file[1] == doctest::Approx(1.6));
+  CHECK(step_measurements_s(runs[0]) == runs[0].step_s_by_file);
 }
