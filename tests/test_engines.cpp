@@ -698,14 +698,16 @@ TEST_CASE("the peers' eager attention reads and writes its score matrix: bytes p
   c.attention = AttentionKind::kMath;
   c.engine = Engine::kStepcast;
   CHECK(make_features(model("llama-2-7b"), hw, c).step.attn_score_bytes_fwd == 0.0);
-  // The traffic lengthens the passes: at least its time at full HBM bandwidth, forward and backward.
+  // The traffic lengthens the passes: by its time at full HBM bandwidth, forward and backward,
+  // less what the host corner (gpu^4 + host^4)^(1/4) absorbs, (gpu / corner)^3 of it passing
+  // on: at least 95 % where the host's time is under half the GPU's, as at 2 x 2048 tokens.
   c.engine = Engine::kDeepSpeed;
   StepFeatures none = f;
   none.attn_score_bytes_fwd = none.attn_score_bytes_bwd = 0.0;
   const CoefVector k = for_engine(hw, "deepspeed").coefs;
   const double with_s = predict_step_time(f, k.data()).forward_s + predict_step_time(f, k.data()).backward_s;
   const double without_s = predict_step_time(none, k.data()).forward_s + predict_step_time(none, k.data()).backward_s;
-  CHECK(with_s - without_s >= (24.0 + 28.0) * 8589934592.0 / hw.gpu.memory_bytes_per_s * (1.0 - 1e-9));
+  CHECK(with_s - without_s >= 0.95 * (24.0 + 28.0) * 8589934592.0 / hw.gpu.memory_bytes_per_s);
 }
 
 TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages 0-1, the partition at stage 2") {

@@ -101,24 +101,28 @@ TEST_CASE("a pass takes at least the host time to issue it: the floor of launch-
   c[kHostLayerFwdS] = 1e-3;
   c[kHostLayerBwdS] = 3e-3;
   // 128 tokens: the GEMMs take 2 x 128 x 6.6e9 / 989.4 TFLOP/s = 1.7 ms per pass, under the
-  // 32 layers' 32 ms (forward) and 96 ms (backward) of issuing: the host sets both.
+  // 32 layers' 32 ms (forward) and 96 ms (backward) of issuing: the host sets both. The corner
+  // (gpu^4 + host^4)^(1/4) lies above the host's time by (1.7 / 32)^4 / 4 = 2e-6 of it.
   TrainConfig small = config(0, 1);
   small.seq_len = 128;
   const StepTime<double> a = predict_step_time(make_features(m, hw, small).step, c.data());
-  CHECK(a.forward_s == doctest::Approx(32 * 1e-3).epsilon(1e-12));
-  CHECK(a.backward_s == doctest::Approx(32 * 3e-3).epsilon(1e-12));
-  // Twice the tokens under the floor: the same time.
+  CHECK(a.forward_s == doctest::Approx(32 * 1e-3).epsilon(1e-5));
+  CHECK(a.backward_s == doctest::Approx(32 * 3e-3).epsilon(1e-5));
+  // Twice the tokens under the floor: the same time, to (3.4 / 32)^4 / 4 = 3e-5.
   small.seq_len = 256;
   const StepTime<double> b = predict_step_time(make_features(m, hw, small).step, c.data());
-  CHECK(b.forward_s == doctest::Approx(a.forward_s).epsilon(1e-12));
-  CHECK(b.backward_s == doctest::Approx(a.backward_s).epsilon(1e-12));
-  // 8192 tokens (micro-batch 4): 110 ms of GEMMs per forward, over the floor, which then
-  // changes nothing.
+  CHECK(b.forward_s == doctest::Approx(a.forward_s).epsilon(1e-4));
+  CHECK(b.backward_s == doctest::Approx(a.backward_s).epsilon(1e-4));
+  // 8192 tokens (micro-batch 4): 110 ms of GEMMs per forward, over the floor, which then adds
+  // only the corner: each pass is (gpu^4 + host^4)^(1/4), (32 / 110)^4 / 4 = 0.2 % above the
+  // GPU's time forward.
   const TrainConfig big = config(0, 1, 4);
   const StepTime<double> with = predict_step_time(make_features(m, hw, big).step, c.data());
   const StepTime<double> without = predict_step_time(make_features(m, hw, big).step, ideal_coefs().data());
-  CHECK(with.forward_s == doctest::Approx(without.forward_s).epsilon(1e-12));
-  CHECK(with.backward_s == doctest::Approx(without.backward_s).epsilon(1e-12));
+  const auto corner = [](double gpu_s, double host_s) { return std::pow(std::pow(gpu_s, 4) + std::pow(host_s, 4), 0.25); };
+  CHECK(with.forward_s == doctest::Approx(corner(without.forward_s, 32 * 1e-3)).epsilon(1e-9));
+  CHECK(with.backward_s == doctest::Approx(corner(without.backward_s, 32 * 3e-3)).epsilon(1e-9));
+  CHECK(with.forward_s < 1.003 * without.forward_s);
   CHECK(with.forward_s > 32 * 1e-3);
 }
 
