@@ -40,9 +40,10 @@ std::vector<double> bootstrap_std_errors(const std::vector<RunRecord>& runs, con
 IntervalModel region_of(const std::vector<RunRecord>& runs);
 
 // The conformal 95 % quantiles of cross-validated predictions (the ceil(0.95 (n + 1))-th
-// smallest |log(measured / predicted)| of each pool, the largest where n < 19), pooled by
-// whether the held-out run lay inside its fold's region, and by whether it was launch-bound
-// where at least kConformalMinScores launch-bound predictions lay inside (else one pair for all).
+// smallest |log(measured / predicted)| of each pool, the largest where n < 19; one score per
+// runs file that measured the configuration), pooled by whether the held-out run lay inside its
+// fold's region, and by whether it was launch-bound where at least kConformalMinScores
+// launch-bound scores lay inside (else one pair for all). The *_predictions counts are scores.
 void set_interval_quantiles(const std::vector<CvPrediction>& predictions, IntervalModel& m);
 
 // The interval model of a fit to `runs` (hw.engine's fit): set_interval_quantiles over its
