@@ -121,8 +121,8 @@ struct IntervalModel {
 // A prediction is launch-bound when the host needs at least this share of the GPU's time to
 // issue its passes (StepTime::host_issue_ratio). Below 1 because a machine whose host is slower
 // than the calibrated ones turns such a pass host-bound: the same configuration on H200 hosts
-// of one kind ran 1.143-1.502 s (docs/calibration.md, session 27), a host 1.3x slower, and
-// 1 / 1.3 is about 0.75.
+// of one kind ran 1.143-1.502 s (docs/calibration.md, the host floor at every stage), a host
+// 1.3x slower, and 1 / 1.3 is about 0.75.
 inline constexpr double kLaunchBoundIssueRatio = 0.75;
 
 // The hash split a fit held out by (calibrate/run_record.h, is_holdout): frac < 0 when unknown.

@@ -223,9 +223,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
 
   // A pass takes at least the host time to issue its kernels (launch-bound at small micro-batches),
   // and near the corner longer than either: the GPU's queue runs dry whenever a stretch of small
-  // kernels issues slower than it runs. The same smooth corner as the hooks' below; on the H200
-  // runs it cut the leave-one-configuration-out error of the launch-bound class from 5.0 to 4.5 %
-  // (docs/calibration.md, session 28).
+  // kernels issues slower than it runs. The same smooth corner as the hooks' below
+  // (docs/calibration.md: what it does to the H200 runs' cross-validated error).
   const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s +
                       f.attn_score_bytes_fwd / f.hbm_bytes_per_s;
   const T bwd_gpu_s =
