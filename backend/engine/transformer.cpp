@@ -47,28 +47,35 @@ std::pair<int64_t, int64_t> Transformer::weight_shape(const std::string& stem) c
 
 torch::Tensor Transformer::proj(const UnitParams& p, const std::string& stem, const torch::Tensor& x) const {
   const std::string w = stem + ".weight", b = stem + ".bias";
+  const bool adapted = p.has(stem + ".lora_a");
+  // An adapted projection runs on the tokens as rows, so that its base output is a tensor of
+  // its own (not a view) which the adapter's update can write in place: autograd then passes
+  // the output's gradient through unchanged, where an in-place write into a view would copy it.
+  const torch::Tensor rows = adapted ? x.reshape({-1, x.size(-1)}) : x;
   torch::Tensor y;
   if (p.has(w)) {
-    y = torch::nn::functional::linear(x, p[w], p.has(b) ? p[b] : torch::Tensor());
+    y = torch::nn::functional::linear(rows, p[w], p.has(b) ? p[b] : torch::Tensor());
   } else {
     const auto [out, in] = weight_shape(stem);
-    y = nf4::linear(x, p[w + ".nf4"], p[w + ".absmax"], out, in);
+    y = nf4::linear(rows, p[w + ".nf4"], p[w + ".absmax"], out, in);
     if (p.has(b)) y = y + p[b];
   }
-  if (p.has(stem + ".lora_a")) {
-    const torch::Tensor a_in = lora_.dropout > 0.0 ? torch::dropout(x, lora_.dropout, /*train=*/true) : x;
-    const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);  // (..., S r)
-    // y + scale * low B^T in one GEMM that reads y and writes the sum: no product, concatenation
-    // or scaled copy of the output materialised. Fused projections take segment s of the output
-    // from their own rank-r slice of `low`: B's segments as one block-diagonal (out, S r) matrix.
-    const torch::Tensor& b = p[stem + ".lora_b"];
+  if (adapted) {
+    const torch::Tensor a_in = lora_.dropout > 0.0 ? torch::dropout(rows, lora_.dropout, /*train=*/true) : rows;
+    const torch::Tensor low = torch::nn::functional::linear(a_in, p[stem + ".lora_a"]);  // (tokens, S r)
+    // y += scale * low B^T in one GEMM that reads and writes y: no product, concatenation,
+    // scaled copy or second output materialised. Fused projections take segment s of the
+    // output from their own rank-r slice of `low`: B's segments as one block-diagonal
+    // (out, S r) matrix.
+    const torch::Tensor& b_lora = p[stem + ".lora_b"];
     const LayerProjection* fused = find_projection(projections_, stem);
     const torch::Tensor b_mat = fused != nullptr && fused->part_rows.size() > 1
-                                    ? torch::block_diag(b.split_with_sizes(fused->part_rows, 0))
-                                    : b;
-    const std::vector<int64_t> out_shape = y.sizes().vec();
-    y = torch::addmm(y.flatten(0, -2), low.flatten(0, -2), b_mat.t(), /*beta=*/1.0, /*alpha=*/lora_.scale)
-            .view(out_shape);
+                                    ? torch::block_diag(b_lora.split_with_sizes(fused->part_rows, 0))
+                                    : b_lora;
+    y.addmm_(low, b_mat.t(), /*beta=*/1.0, /*alpha=*/lora_.scale);
+    std::vector<int64_t> out_shape = x.sizes().vec();
+    out_shape.back() = y.size(-1);
+    y = y.view(out_shape);
   }
   return y;
 }
