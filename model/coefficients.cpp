@@ -21,6 +21,13 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // than their forward; 1.15 is a first estimate until a fit replaces it.
     {kBackwardSlowdownMult, "backward_slowdown_mult", 0.5, 4.0, 1.15, "1",
      "backward time over twice the forward time of the same work"},
+    // A weight gradient dW = dY^T X reduces over the micro-batch's tokens into a weight-sized
+    // result, where the forward and the data gradient reduce over a hidden dimension. Full
+    // fine-tuning alone cannot tell its time from the element-wise ops' (both grow with the
+    // tokens); PEFT runs, whose frozen weights get no weight gradient, can. Default 1: the
+    // forward GEMM's efficiency, until a fit on both kinds of runs replaces it.
+    {kWeightGradGemmMult, "weight_grad_gemm_mult", 0.5, 3.0, 1.0, "1",
+     "time of a weight-gradient GEMM over its forward GEMM's"},
     // Uncalibrated default chosen so that llama-2-7b on 2 x H200 (micro-batch
     // 4, GAS 4, seq 2048, bf16) predicts about the 20,100 tokens/s (43 % MFU)
     // that PyTorch FSDP2 reached there (docs/h200_measurements.md).

@@ -20,6 +20,7 @@ enum Coef : int {
   kAttnEffMaxFrac,           // best fraction of peak of fused (flash) attention
   kAttnHalfSeqTokens,        // sequence length at which attention runs at half its best efficiency
   kBackwardSlowdownMult,     // backward time / twice the forward time of the same GEMMs and ops
+  kWeightGradGemmMult,       // a weight-gradient GEMM's time / its forward GEMM's (before the backward slowdown)
   kAttnBwdEffMaxFrac,        // best fraction of peak of the fused attention backward
   kAttnBwdHalfSeqTokens,     // sequence length at which the attention backward runs at half its best
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation

@@ -228,7 +228,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s +
                       f.attn_score_bytes_fwd / f.hbm_bytes_per_s;
   const T bwd_gpu_s =
-      coef[kBackwardSlowdownMult] * ((1.0 + f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
+      coef[kBackwardSlowdownMult] *
+          ((1.0 + coef[kWeightGradGemmMult] * f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
       adapter_bwd_s +
       attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
                            f.peak_flops_per_s, coef) *
