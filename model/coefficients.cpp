@@ -17,10 +17,13 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "best fraction of the dense peak reached by fused attention"},
     {kAttnHalfSeqTokens, "attn_half_seq_tokens", 0.0, 65536.0, 1052.0, "tokens",
      "sequence length at which attention runs at half its best efficiency"},
-    // Weight-gradient GEMMs reduce over the token dimension and run slower
-    // than their forward; 1.15 is a first estimate until a fit replaces it.
-    {kBackwardSlowdownMult, "backward_slowdown_mult", 0.5, 4.0, 1.15, "1",
-     "backward time over twice the forward time of the same work"},
+    // The backward of norms, activations, rotary and residuals reads and writes about twice the
+    // forward's bytes; the multiplier says how much more or less time that takes. The backward's
+    // GEMMs are not under it: the data gradient dX = dY W has the forward's shape and runs at its
+    // efficiency, the weight gradient has a coefficient of its own (below). 1.15 is a first
+    // estimate until a fit replaces it.
+    {kBackwardSlowdownMult, "backward_slowdown_mult", 0.3, 4.0, 1.15, "1",
+     "the backward's element-wise time over twice the forward's"},
     // A weight gradient dW = dY^T X reduces over the micro-batch's tokens into a weight-sized
     // result, where the forward and the data gradient reduce over a hidden dimension. Full
     // fine-tuning alone cannot tell its time from the element-wise ops' (both grow with the

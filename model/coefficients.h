@@ -19,8 +19,8 @@ enum Coef : int {
   kGemmHalfDim,              // GEMM dimension (elements) at which that dimension halves efficiency
   kAttnEffMaxFrac,           // best fraction of peak of fused (flash) attention
   kAttnHalfSeqTokens,        // sequence length at which attention runs at half its best efficiency
-  kBackwardSlowdownMult,     // backward time / twice the forward time of the same GEMMs and ops
-  kWeightGradGemmMult,       // a weight-gradient GEMM's time / its forward GEMM's (before the backward slowdown)
+  kBackwardSlowdownMult,     // the backward's element-wise time / twice the forward's
+  kWeightGradGemmMult,       // a weight-gradient GEMM's time / its forward GEMM's
   kAttnBwdEffMaxFrac,        // best fraction of peak of the fused attention backward
   kAttnBwdHalfSeqTokens,     // sequence length at which the attention backward runs at half its best
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation

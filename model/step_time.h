@@ -108,14 +108,12 @@ T collective_time_s(double bytes, double calls, double bus_factor, bool allreduc
 
 // Backward time of causal attention, `bwd_flops_mult` times the forward's
 // `fwd_flops` (2.5 for flash kernels): flash backward kernels have their own
-// best efficiency and half-point; the math path runs as batched GEMMs, at the
-// backward slowdown of the other GEMMs.
+// best efficiency and half-point; the math path runs as batched GEMMs at their
+// forward's efficiency, as the data-gradient GEMMs of the projections do.
 template <class T>
 T attention_bwd_time_s(double fwd_flops, double seq_len, double bwd_flops_mult, bool math_attention,
                        double peak_flops_per_s, const T* coef) {
-  if (math_attention)
-    return bwd_flops_mult * attention_fwd_time_s(fwd_flops, seq_len, true, peak_flops_per_s, coef) *
-           coef[kBackwardSlowdownMult];
+  if (math_attention) return bwd_flops_mult * attention_fwd_time_s(fwd_flops, seq_len, true, peak_flops_per_s, coef);
   const T eff = coef[kAttnBwdEffMaxFrac] * (seq_len / (seq_len + coef[kAttnBwdHalfSeqTokens]));
   return bwd_flops_mult * fwd_flops / (peak_flops_per_s * eff);
 }
@@ -227,9 +225,12 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // (docs/calibration.md: what it does to the H200 runs' cross-validated error).
   const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s +
                       f.attn_score_bytes_fwd / f.hbm_bytes_per_s;
+  // The backward: data-gradient GEMMs at the forward GEMMs' time, weight-gradient GEMMs at
+  // weight_grad_gemm_mult of it (none for PEFT's frozen weights), the element-wise ops at
+  // backward_slowdown_mult of twice the forward's.
   const T bwd_gpu_s =
-      coef[kBackwardSlowdownMult] *
-          ((1.0 + coef[kWeightGradGemmMult] * f.weight_grad_frac) * gemm_fwd_s + 2.0 * elementwise_fwd_s) +
+      (1.0 + coef[kWeightGradGemmMult] * f.weight_grad_frac) * gemm_fwd_s +
+      coef[kBackwardSlowdownMult] * 2.0 * elementwise_fwd_s +
       adapter_bwd_s +
       attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
                            f.peak_flops_per_s, coef) *
