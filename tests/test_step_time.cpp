@@ -63,6 +63,35 @@ TEST_CASE("forward GEMM FLOPs are 2 x tokens x matrix parameters") {
   CHECK(f.step.attn_fwd_flops == doctest::Approx(2.0 * 2 * 2048.0 * 2048.0 * 4096.0 * 32.0));
 }
 
+TEST_CASE("backward: weight-gradient GEMMs at weight_grad_gemm_mult, element-wise at backward_slowdown_mult") {
+  // With every efficiency 1 the forward GEMMs take gemm_s = FLOPs / peak (the case below). The
+  // data gradient takes gemm_s again, the weight gradient w x gemm_s, the element-wise backward
+  // slowdown x 2 x the forward's element-wise time, the flash attention backward 2.5 x its
+  // forward. The element-wise forward time is what the forward spends beyond GEMMs and attention.
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  CoefVector c = ideal_coefs();
+  c[kElementwiseTrafficMult] = 8.0;
+  c[kBackwardSlowdownMult] = 0.7;
+  c[kWeightGradGemmMult] = 1.5;
+  const Features f = make_features(m, hw, config(0, 1));
+  const StepTime<double> t = predict_step_time(f.step, c.data());
+  const double gemm_s = 2.0 * 2048 * 6'607'077'376.0 / 989.4e12;
+  const double attn_s = 2.0 * 2048.0 * 2048.0 * 4096.0 * 32.0 / 989.4e12;
+  const double elementwise_s = t.forward_s - gemm_s - attn_s;
+  CHECK(elementwise_s > 0.0);
+  CHECK(t.backward_s == doctest::Approx((1.0 + 1.5) * gemm_s + 0.7 * 2.0 * elementwise_s + 2.5 * attn_s).epsilon(1e-9));
+  // LoRA: the frozen weights get no weight gradient, so the multiplier changes nothing there.
+  TrainConfig lora = config(0, 1);
+  lora.peft = PeftKind::kLora;
+  const StepFeatures fl = make_features(m, hw, lora).step;
+  CoefVector c1 = c;
+  c1[kWeightGradGemmMult] = 1.0;
+  CHECK(predict_step_time(fl, c.data()).backward_s == doctest::Approx(predict_step_time(fl, c1.data()).backward_s).epsilon(1e-12));
+  // Full fine-tuning: it adds (1.5 - 1) x gemm_s.
+  CHECK(t.backward_s - predict_step_time(f.step, c1.data()).backward_s == doctest::Approx(0.5 * gemm_s).epsilon(1e-9));
+}
+
 TEST_CASE("MFU numerator: 6N + 6 L d s per token reproduces the FSDP reference's 43 %") {
   // docs/h200_measurements.md: FSDP2, llama-2-7b, 2 x H200, 20,100 tokens/s, 43 % MFU
   // against the 989.4 TFLOP/s dense bf16 peak.
