@@ -219,10 +219,6 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T local_gather_s = 0.5 * f.local_gather_bytes_micro / stream_bw;  // half before each pass
   const T grad_accum_s = f.grad_accum_bytes_micro / stream_bw;
 
-  // A pass takes at least the host time to issue its kernels (launch-bound at small micro-batches),
-  // and near the corner longer than either: the GPU's queue runs dry whenever a stretch of small
-  // kernels issues slower than it runs. The same smooth corner as the hooks' below
-  // (docs/calibration.md: what it does to the H200 runs' cross-validated error).
   const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s +
                       f.attn_score_bytes_fwd / f.hbm_bytes_per_s;
   // The backward: data-gradient GEMMs at the forward GEMMs' time, weight-gradient GEMMs at
@@ -240,6 +236,10 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // implementation's measured cost relative to the profiled families (transformers' Python).
   const T launch_fwd_s = coef[kHostLayerFwdS] * f.impl_host_fwd_rel * f.num_layers;
   const T launch_bwd_only_s = coef[kHostLayerBwdS] * f.impl_host_bwd_rel * f.num_layers;
+  // A pass takes at least the host time to issue its kernels (launch-bound at small micro-batches),
+  // and near the corner longer than either: the GPU's queue runs dry whenever a stretch of small
+  // kernels issues slower than it runs. The same smooth corner as the hooks' below
+  // (docs/calibration.md: what it does to the H200 runs' cross-validated error).
   const T fwd_s = smooth_max(fwd_gpu_s, launch_fwd_s);
   const T bwd_s = smooth_max(bwd_gpu_s, launch_bwd_only_s);
   const T recompute_s = f.recompute * fwd_s;
