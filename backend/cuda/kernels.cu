@@ -330,15 +330,45 @@ struct Nf4Levels {
   float v[16];
 };
 
+// One thread expands 8 code bytes (16 values, a quarter of one 64-value block, so one scale)
+// per iteration: an 8-byte load and 16-byte stores keep the kernel at HBM speed. The 16 levels
+// sit in shared memory, where the lanes' different codes read without serialising (a kernel
+// parameter indexed by the code serialises the warp on its distinct addresses).
 template <class T>
-__global__ void nf4_dequantize_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
-                                      T* __restrict__ out, int64_t bytes, Nf4Levels levels) {
+__device__ inline void store16(T* out, const float (&v)[16]);
+
+template <>
+__device__ inline void store16(__nv_bfloat16* out, const float (&v)[16]) {
+  __nv_bfloat162 h[8];
+  for (int i = 0; i < 8; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  reinterpret_cast<uint4*>(out)[0] = *reinterpret_cast<const uint4*>(&h[0]);
+  reinterpret_cast<uint4*>(out)[1] = *reinterpret_cast<const uint4*>(&h[4]);
+}
+
+template <>
+__device__ inline void store16(float* out, const float (&v)[16]) {
+  for (int i = 0; i < 4; ++i) reinterpret_cast<float4*>(out)[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+}
+
+template <class T>
+__global__ void nf4_dequantize_kernel(const uint2* __restrict__ codes, const float* __restrict__ absmax,
+                                      T* __restrict__ out, int64_t words, Nf4Levels levels) {
+  __shared__ float level[16];
+  if (threadIdx.x < 16) level[threadIdx.x] = levels.v[threadIdx.x];
+  __syncthreads();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < bytes; j += stride) {
-    const uint8_t c = codes[j];
-    const float scale = absmax[(2 * j) / 64];  // both values of a byte share a 64-value block
-    out[2 * j] = static_cast<T>(levels.v[c & 0xF] * scale);
-    out[2 * j + 1] = static_cast<T>(levels.v[c >> 4] * scale);
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += stride) {
+    const uint2 c = codes[w];
+    const float scale = absmax[w / 4];  // 4 words of 16 values make one 64-value block
+    float v[16];
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t lo = (c.x >> (8 * b)) & 0xFFu, hi = (c.y >> (8 * b)) & 0xFFu;
+      v[2 * b] = level[lo & 0xF] * scale;
+      v[2 * b + 1] = level[lo >> 4] * scale;
+      v[8 + 2 * b] = level[hi & 0xF] * scale;
+      v[8 + 2 * b + 1] = level[hi >> 4] * scale;
+    }
+    store16(out + 16 * w, v);
   }
 }
 
@@ -350,12 +380,17 @@ void nf4_dequantize(const uint8_t* codes, const float* absmax, void* out, DType 
   auto s = static_cast<cudaStream_t>(stream);
   Nf4Levels l;
   for (int i = 0; i < 16; ++i) l.v[i] = levels[i];
-  const int64_t bytes = n / 2;
+  // Quantised tensors hold a multiple of 128 values (nf4_tensor.h: quantisable), and the layout
+  // packs their codes at multiples of 64 bytes: whole 8-byte words, 16-byte aligned outputs.
+  if (n % 16 != 0 || reinterpret_cast<uintptr_t>(codes) % 8 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    throw std::invalid_argument("nf4_dequantize: " + std::to_string(n) +
+                                " values, codes or output not aligned to 8 and 16 bytes");
+  const int64_t words = n / 16;
+  const auto* w = reinterpret_cast<const uint2*>(codes);
   if (out_dtype == DType::kBFloat16)
-    nf4_dequantize_kernel<<<blocks_for(bytes, 256), 256, 0, s>>>(codes, absmax, static_cast<__nv_bfloat16*>(out),
-                                                                  bytes, l);
+    nf4_dequantize_kernel<<<blocks_for(words, 256), 256, 0, s>>>(w, absmax, static_cast<__nv_bfloat16*>(out), words, l);
   else
-    nf4_dequantize_kernel<<<blocks_for(bytes, 256), 256, 0, s>>>(codes, absmax, static_cast<float*>(out), bytes, l);
+    nf4_dequantize_kernel<<<blocks_for(words, 256), 256, 0, s>>>(w, absmax, static_cast<float*>(out), words, l);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,7 +29,8 @@ void adamw8bit(float* master, uint8_t* exp_avg_code, uint8_t* exp_avg_sq_code, f
 
 // NF4 dequantisation (nf4.h): out[i] = levels[code i] x absmax[i / 64], codes two per byte
 // (value 2j in the low nibble of byte j); `levels` is the 16-entry code book (host memory,
-// passed by value); `out` in `out_dtype`. A grid-stride loop over the bytes.
+// passed by value); `out` in `out_dtype`. A grid-stride loop over 8-byte words of codes; n a
+// multiple of 16, codes 8-byte and out 16-byte aligned (std::invalid_argument otherwise).
 void nf4_dequantize(const uint8_t* codes, const float* absmax, void* out, DType out_dtype, int64_t n,
                     const float* levels, void* stream);
 
