@@ -126,7 +126,7 @@ std::vector<Coef> default_free_coefs() {
           kLayerOverheadS, kGpuOptBwEffFrac,     kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,
           kActBytesMult,   kGpuWorkspaceBytes,   kGpuFragFrac,          kCkptReserveMult,
           kCollLatencyS,   kCpuOptOverlapFrac,
-          kCpuLaneFlopsPerS, kHostLayerFwdS,     kHostLayerBwdS,       kLossExtraBytesPerLogit,
+          kCpuLaneFlopsPerS, kHostLayerFwdS,     kHostLayerBwdS,       kLossExtraBytesPerLogit, kLossReserveBytesPerLogit,
           kHostBytesPerRank, kGradHookOverheadS, kParamFetchOverheadS};
 }
 
@@ -337,7 +337,7 @@ std::vector<Coef> engine_free_coefs() {
   return {kBackwardSlowdownMult, kElementwiseTrafficMult, kLayerOverheadS, kParamFetchOverheadS, kGradHookOverheadS, kParamFetchBytesPerS,
           kHostLayerFwdS,        kHostLayerBwdS,           kPcieEffFrac,
           kOffloadOverlapFrac,   kStagedCopyBytesPerS,     kHostCopyBytesPerSPerThread, kCpuCoreBytesPerSPerLane,
-          kCpuOptStepOverheadS,  kGpuFragFrac,             kCkptReserveMult,   kActBytesMult,      kLossExtraBytesPerLogit,
+          kCpuOptStepOverheadS,  kGpuFragFrac,             kCkptReserveMult,   kActBytesMult,      kLossExtraBytesPerLogit, kLossReserveBytesPerLogit,
           kGpuWorkspaceBytes,    kGpuOptBwEffFrac,         kHostBytesPerRank};
 }
 

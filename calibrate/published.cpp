@@ -152,7 +152,7 @@ PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
       if (!id || !is_memory_coef(*id))
         throw InputError(origin + ": key 'source.memory_habits." + name +
                          "' is not a memory coefficient (valid: gpu_workspace_bytes, gpu_frag_frac, ckpt_reserve_mult, "
-                         "act_bytes_mult, loss_extra_bytes_per_logit, host_bytes_per_rank)");
+                         "act_bytes_mult, loss_extra_bytes_per_logit, loss_reserve_bytes_per_logit, host_bytes_per_rank)");
       const CoefInfo& info = coef_table()[*id];
       s.memory_habits[*id] = habits->get_double(name, info.lower, info.upper);
     }

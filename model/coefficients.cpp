@@ -166,6 +166,14 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // counted here too, and is absent for fp32 logits (MemoryFeatures::loss_copy_absent_bytes).
     {kLossExtraBytesPerLogit, "loss_extra_bytes_per_logit", 0.0, 32.0, 8.0, "B",
      "bytes per logit held at the loss beyond the logits themselves"},
+    // The loss's fp32 buffers are the largest allocations of a step: freed after the loss's
+    // backward, they stay in the caching allocator's pool. Where they exceed what the activations
+    // and checkpoints leave, they set the reserve above the peak: qwen2.5-7b and llama-3-8b
+    // (vocabularies of 152k and 128k) checkpointed on one H200 reserved 3.4-8.0 GiB above their
+    // peak allocated against 1.5-4.0 GiB of checkpoints, 0.8-0.9 of their fp32 logits
+    // (data/runs/h200-sxm, session 30, docs/calibration.md): about 3.5 B per logit.
+    {kLossReserveBytesPerLogit, "loss_reserve_bytes_per_logit", 0.0, 16.0, 3.5, "B",
+     "caching-allocator reserve above the peak allocated that the loss's freed buffers leave, per logit"},
     // Measured host high-water marks of runs without offload on the H200 host: our backend 0.8 GiB
     // on one rank and 1.2 on each of two, DeepSpeed 2.0 GiB at stage 0, FSDP2 1.7-1.9 GiB
     // (data/runs/h200-sxm, memory_bytes.host_peak_rss).
@@ -189,7 +197,7 @@ CoefVector default_coefs() {
 
 bool is_memory_coef(Coef c) {
   return c == kGpuWorkspaceBytes || c == kGpuFragFrac || c == kCkptReserveMult || c == kActBytesMult ||
-         c == kLossExtraBytesPerLogit || c == kHostBytesPerRank;
+         c == kLossExtraBytesPerLogit || c == kLossReserveBytesPerLogit || c == kHostBytesPerRank;
 }
 
 const std::vector<Coef>& engine_coefs() {
@@ -199,7 +207,7 @@ const std::vector<Coef>& engine_coefs() {
       kGatherOverlapFrac,    kPcieEffFrac,            kOffloadOverlapFrac, kStagedCopyBytesPerS, kHostCopyBytesPerSPerThread, kGpuOptBwEffFrac,
       kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS,    kOptStepOverheadS,  kCpuOptStepOverheadS,
       kGpuWorkspaceBytes,    kGpuFragFrac,            kCkptReserveMult,   kActBytesMult,
-      kLossExtraBytesPerLogit, kHostBytesPerRank};
+      kLossExtraBytesPerLogit, kLossReserveBytesPerLogit, kHostBytesPerRank};
   return kEngine;
 }
 

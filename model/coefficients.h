@@ -58,6 +58,7 @@ enum Coef : int {
   kCkptReserveMult,          // caching-allocator reserve above the peak, per byte of checkpointed layer inputs
   kActBytesMult,             // saved activations relative to the analytic count
   kLossExtraBytesPerLogit,   // bytes per logit beyond the logits themselves (fp32 log-softmax, grad)
+  kLossReserveBytesPerLogit, // caching-allocator reserve the loss's freed buffers leave, per logit
   kHostBytesPerRank,         // host memory of one rank process beyond its buffers
   kNumCoefs
 };

@@ -4,8 +4,9 @@
 //                      + saved activations + the larger of
 //                        (logits and loss buffers, one recomputed layer)       (live)
 //                      + workspace (library workspaces)
-//   GPU peak reserved  = peak allocated + the caching allocator's reserve:
-//                        fragmentation x live + ckpt_reserve_mult x checkpoints
+//   GPU peak reserved  = peak allocated + the caching allocator's reserve: the larger of
+//                        (fragmentation x live + ckpt_reserve_mult x checkpoints) and the
+//                        loss's freed buffers (loss_reserve_bytes_per_logit x logits)
 //                        + cache a smaller card does without (releasable)
 //   GPU required       = peak reserved - releasable: what a plan needs to fit
 //   host               = ranks per node x (the larger of the steady buffers (offloaded
@@ -48,8 +49,11 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   const T loss = m.logits_elems * (m.logit_bytes + max(coef[kLossExtraBytesPerLogit] - m.loss_copy_absent_bytes, T(0.0)));
   out.gpu_live_bytes = coef[kActBytesMult] * m.act_bytes + max(loss, coef[kActBytesMult] * m.recompute_layer_bytes);
   const T& live = out.gpu_live_bytes;
-  out.gpu_reserve_bytes =
-      coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes + m.gpu_releasable_cache_bytes;
+  // The pool keeps whichever is larger: the holes activations and checkpoints leave, or the
+  // loss's fp32 buffers, freed after the loss's backward and too large for what follows.
+  out.gpu_reserve_bytes = max(coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes,
+                              coef[kLossReserveBytesPerLogit] * m.logits_elems) +
+                          m.gpu_releasable_cache_bytes;
   out.gpu_activations_bytes = live + out.gpu_reserve_bytes;
   out.gpu_workspace_bytes = coef[kGpuWorkspaceBytes];
   out.gpu_allocated_bytes = out.gpu_params_bytes + out.gpu_grads_bytes + out.gpu_opt_states_bytes +

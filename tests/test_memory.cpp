@@ -206,12 +206,19 @@ TEST_CASE("memory model: peak allocated and reserve by hand") {
   c[kGpuFragFrac] = 0.05;
   c[kCkptReserveMult] = 1.0;
   c[kGpuWorkspaceBytes] = 0.5e9;
+  c[kLossReserveBytesPerLogit] = 0.5;
   // Without checkpointing: live = 8 GB + 1e9 x (2 + 4 + 6) = 20 GB; allocated = 36 + 20 + 0.5;
-  // reserve = 5 % of 20 GB.
+  // reserve = 5 % of 20 GB, more than the loss's 0.5 B x 1e9 logits.
   MemoryEstimate<double> e = predict_memory(f, c.data());
   CHECK(e.gpu_allocated_bytes == doctest::Approx(56.5e9));
   CHECK(e.gpu_reserve_bytes == doctest::Approx(1e9));
   CHECK(e.gpu_total_bytes == doctest::Approx(57.5e9));
+  // The loss's freed buffers at 3 B a logit, 3 GB, exceed the 1 GB of holes: they set the reserve.
+  c[kLossReserveBytesPerLogit] = 3.0;
+  e = predict_memory(f, c.data());
+  CHECK(e.gpu_allocated_bytes == doctest::Approx(56.5e9));
+  CHECK(e.gpu_reserve_bytes == doctest::Approx(3e9));
+  c[kLossReserveBytesPerLogit] = 0.5;
   // Checkpointed: 4 GB of checkpoints (in act_bytes) and a recomputed layer of 15 GB, larger
   // than the 12 GB at the loss: the layer sets the peak, not the two summed; the checkpoints are
   // reserved once more.
@@ -221,6 +228,10 @@ TEST_CASE("memory model: peak allocated and reserve by hand") {
   e = predict_memory(f, c.data());
   CHECK(e.gpu_allocated_bytes == doctest::Approx(36e9 + 19e9 + 0.5e9));
   CHECK(e.gpu_reserve_bytes == doctest::Approx(0.05 * 19e9 + 4e9));
+  // 6 B a logit (6 GB) passes the 4.95 GB of holes and checkpoints.
+  c[kLossReserveBytesPerLogit] = 6.0;
+  CHECK(predict_memory(f, c.data()).gpu_reserve_bytes == doctest::Approx(6e9));
+  c[kLossReserveBytesPerLogit] = 0.5;
   f.recompute_layer_bytes = 3e9;
   CHECK(predict_memory(f, c.data()).gpu_allocated_bytes == doctest::Approx(36e9 + 16e9 + 0.5e9));
 }
