@@ -305,14 +305,15 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   //                        2026-12-03_interval_classes_repeat_1gpu.jsonl 2026-12-04_peft_remeasure_1gpu.jsonl
   //                        2026-12-04_peft_holdout_1gpu.jsonl 2026-12-04_size_span_1gpu.jsonl
   //                        2026-12-04_dequant_slope_1gpu.jsonl 2026-12-04_qlora_remeasure_1gpu.jsonl
-  //                        2026-12-04_nf4_kernel_ab_new.jsonl --hardware h200-sxm --holdout-frac 0
+  //                        2026-12-04_nf4_kernel_ab_new.jsonl 2026-12-04_loss_reserve_holdout_1gpu.jsonl
+  //                        --hardware h200-sxm --holdout-frac 0
   // leaving out the records data/runs/h200-sxm/superseded.toml names
   // (every configuration: cross-validation is the held-out measure): the component fit on the
   // micro-benchmarks, then the end-to-end fit. The files are the ones its provenance names;
   // refit both stages from them and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
-  REQUIRE(committed.calibration_runs.size() == 29);
+  REQUIRE(committed.calibration_runs.size() == 30);
   std::vector<fs::path> files;
   for (const std::string& r : committed.calibration_runs) files.push_back(test::data_dir() / r);
   const auto runs = load_runs(files, test::data_dir());
