@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/join.h"
 #include "common/stats.h"
 #include "common/text_file.h"
 #include "common/units.h"
@@ -121,6 +122,18 @@ std::string coefficient_status(const HardwareProfile& hw, const std::string& eng
   return transferred ? "engine from " + hw.engines_from + ", hardware uncalibrated" : "uncalibrated";
 }
 
+namespace {
+
+// The coefficients a source's [source.memory_habits] may set, in the table's order.
+std::string memory_coef_names() {
+  std::vector<std::string> names;
+  for (const CoefInfo& info : coef_table())
+    if (is_memory_coef(info.id)) names.emplace_back(info.name);
+  return join_names(names);
+}
+
+}  // namespace
+
 PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
   const std::string origin = file.string();
   const toml::table root = TomlReader::parse(read_text_file(file), origin);
@@ -151,8 +164,7 @@ PublishedSource load_published(const fs::path& file, const fs::path& data_dir) {
       const auto id = coef_by_name(name);
       if (!id || !is_memory_coef(*id))
         throw InputError(origin + ": key 'source.memory_habits." + name +
-                         "' is not a memory coefficient (valid: gpu_workspace_bytes, gpu_frag_frac, ckpt_reserve_mult, "
-                         "act_bytes_mult, loss_extra_bytes_per_logit, loss_reserve_bytes_per_logit, host_bytes_per_rank)");
+                         "' is not a memory coefficient (valid: " + memory_coef_names() + ")");
       const CoefInfo& info = coef_table()[*id];
       s.memory_habits[*id] = habits->get_double(name, info.lower, info.upper);
     }

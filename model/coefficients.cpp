@@ -171,7 +171,7 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
     // and checkpoints leave, they set the reserve above the peak: qwen2.5-7b and llama-3-8b
     // (vocabularies of 152k and 128k) checkpointed on one H200 reserved 3.4-8.0 GiB above their
     // peak allocated against 1.5-4.0 GiB of checkpoints, 0.8-0.9 of their fp32 logits
-    // (data/runs/h200-sxm, session 30, docs/calibration.md): about 3.5 B per logit.
+    // (data/runs/h200-sxm, docs/calibration.md): about 3.5 B per logit.
     {kLossReserveBytesPerLogit, "loss_reserve_bytes_per_logit", 0.0, 16.0, 3.5, "B",
      "caching-allocator reserve above the peak allocated that the loss's freed buffers leave, per logit"},
     // Measured host high-water marks of runs without offload on the H200 host: our backend 0.8 GiB
