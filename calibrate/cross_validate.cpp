@@ -108,7 +108,7 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
 nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval) {
   std::vector<double> step, mem, host, fwd, bwd, opt;
   double host_max_bytes = 0;  // the largest host miss in bytes: a percentage of a small process says little
-  int inside = 0, measurements = 0;
+  int inside = 0, measurements = 0, memory_inside = 0;
   for (const CvPrediction& p : predictions) {
     const RunRecord& r = *p.run;
     step.push_back(std::abs(p.step_s / r.step_s - 1));
@@ -121,7 +121,12 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
                             : std::abs(p.step_s - measured_s) <= 1.96 * p.step_std_s)
         ++inside;
     }
-    if (r.gpu_peak_reserved_bytes > 0) mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
+    if (r.gpu_peak_reserved_bytes > 0) {
+      mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
+      if (interval.has_memory() && std::abs(std::log(r.gpu_peak_reserved_bytes / p.gpu_memory_bytes)) <=
+                                       memory_interval_log_halfwidth(interval, p.unseen_dims))
+        ++memory_inside;
+    }
     if (r.host_peak_rss_bytes > 0) {
       host.push_back(std::abs(p.host_memory_bytes / r.host_peak_rss_bytes - 1));
       host_max_bytes = std::max(host_max_bytes, std::abs(p.host_memory_bytes - r.host_peak_rss_bytes));
@@ -138,6 +143,9 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
           {"peak_memory_mean_abs_pct_error", m["mean"]},
           {"peak_memory_p90_abs_pct_error", m["p90"]},
           {"peak_memory_max_abs_pct_error", m["max"]},
+          {"peak_memory_coverage_95", !interval.has_memory() || mem.empty()
+                                          ? nlohmann::json(nullptr)
+                                          : nlohmann::json(static_cast<double>(memory_inside) / static_cast<double>(mem.size()))},
           {"host_memory_configurations", host.size()},
           {"host_memory_mean_abs_pct_error", h["mean"]},
           {"host_memory_max_abs_pct_error", h["max"]},
@@ -207,6 +215,16 @@ void set_interval_quantiles(const std::vector<CvPrediction>& predictions, Interv
     q_seen = std::max(conformal_q95(seen), 1e-6);
     q_unseen = std::max(conformal_q95(unseen), q_seen);
   };
+  // The peak reserved memory: one score per configuration (its largest peak over the files).
+  std::vector<double> memory[2];
+  for (const CvPrediction& p : predictions)
+    if (p.run->gpu_peak_reserved_bytes > 0 && p.gpu_memory_bytes > 0)
+      memory[p.unseen_dims > 0].push_back(std::abs(std::log(p.run->gpu_peak_reserved_bytes / p.gpu_memory_bytes)));
+  m.memory_log_q95_seen = m.memory_log_q95_unseen = 0;
+  m.memory_seen_predictions = m.memory_unseen_predictions = 0;
+  if (memory[0].size() >= kConformalMinScores)
+    set_pair(memory[0], memory[1], m.memory_log_q95_seen, m.memory_log_q95_unseen, m.memory_seen_predictions,
+             m.memory_unseen_predictions);
   m.log_q95_seen_launch_bound = m.log_q95_unseen_launch_bound = 0;
   m.seen_launch_bound_predictions = m.unseen_launch_bound_predictions = 0;
   if (scores[1][0].size() >= kConformalMinScores) {  // a launch-bound class of its own
@@ -245,6 +263,8 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
                     {"log_q95_unseen", hw.interval.log_q95_unseen},
                     {"log_q95_seen_launch_bound", hw.interval.log_q95_seen_launch_bound},
                     {"log_q95_unseen_launch_bound", hw.interval.log_q95_unseen_launch_bound},
+                    {"memory_log_q95_seen", hw.interval.memory_log_q95_seen},
+                    {"memory_log_q95_unseen", hw.interval.memory_log_q95_unseen},
                     {"launch_bound_issue_ratio", kLaunchBoundIssueRatio}};
   // Coverage and error within each interval class (leave one configuration out).
   for (const bool bound : {false, true}) {

@@ -51,7 +51,8 @@ namespace {
 IntervalModel parse_interval(const TomlReader& t) {
   t.reject_unknown_keys({"log_q95_seen", "log_q95_unseen", "seen_predictions", "unseen_predictions",
                          "log_q95_seen_launch_bound", "log_q95_unseen_launch_bound", "seen_launch_bound_predictions",
-                         "unseen_launch_bound_predictions", "models",
+                         "unseen_launch_bound_predictions", "memory_log_q95_seen", "memory_log_q95_unseen",
+                         "memory_seen_predictions", "memory_unseen_predictions", "models",
                          "offloads", "precisions", "attentions", "pefts", "zero_stages", "world_sizes", "seq_min", "seq_max",
                          "micro_tokens_max"});
   IntervalModel m;
@@ -65,6 +66,12 @@ IntervalModel parse_interval(const TomlReader& t) {
     m.seen_launch_bound_predictions = static_cast<int>(t.get_int_or("seen_launch_bound_predictions", 0, 0, 1 << 30));
     m.unseen_launch_bound_predictions =
         static_cast<int>(t.get_int_or("unseen_launch_bound_predictions", 0, 0, 1 << 30));
+  }
+  if (t.table().contains("memory_log_q95_seen") || t.table().contains("memory_log_q95_unseen")) {
+    m.memory_log_q95_seen = t.get_double("memory_log_q95_seen", 1e-6, 10.0);
+    m.memory_log_q95_unseen = t.get_double("memory_log_q95_unseen", m.memory_log_q95_seen, 10.0);
+    m.memory_seen_predictions = static_cast<int>(t.get_int_or("memory_seen_predictions", 0, 0, 1 << 30));
+    m.memory_unseen_predictions = static_cast<int>(t.get_int_or("memory_unseen_predictions", 0, 0, 1 << 30));
   }
   m.models = t.get_string_array_or("models");
   m.offloads = t.get_string_array_or("offloads");
@@ -118,6 +125,10 @@ std::string interval_text(const std::string& header, const IntervalModel& m) {
       << "\nlog_q95_unseen_launch_bound = " << m.log_q95_unseen_launch_bound
       << "\nseen_launch_bound_predictions = " << m.seen_launch_bound_predictions
       << "\nunseen_launch_bound_predictions = " << m.unseen_launch_bound_predictions;
+  if (m.has_memory())
+    o << "\nmemory_log_q95_seen = " << m.memory_log_q95_seen << "\nmemory_log_q95_unseen = " << m.memory_log_q95_unseen
+      << "\nmemory_seen_predictions = " << m.memory_seen_predictions
+      << "\nmemory_unseen_predictions = " << m.memory_unseen_predictions;
   o << "\nmodels = " << toml_string_array(m.models) << "\noffloads = " << toml_string_array(m.offloads)
     << "\nprecisions = " << toml_string_array(m.precisions) << "\nattentions = " << toml_string_array(m.attentions)
     << (m.pefts == std::vector<std::string>{"none"} ? "" : "\npefts = " + toml_string_array(m.pefts))

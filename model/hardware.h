@@ -109,6 +109,10 @@ struct IntervalModel {
   double log_q95_seen_launch_bound = 0;  // 0: launch-bound predictions take the pair above
   double log_q95_unseen_launch_bound = 0;
   int seen_launch_bound_predictions = 0, unseen_launch_bound_predictions = 0;
+  // The same for the peak reserved GPU memory: 95 % quantiles of |log(measured / predicted)|,
+  // seen and unseen regimes; 0: no memory interval.
+  double memory_log_q95_seen = 0, memory_log_q95_unseen = 0;
+  int memory_seen_predictions = 0, memory_unseen_predictions = 0;
   std::vector<std::string> models, offloads, precisions, attentions;
   std::vector<std::string> pefts = {"none"};  // fine-tuning methods (peft_name); absent in a profile: full only
   std::vector<int64_t> zero_stages, world_sizes;
@@ -116,6 +120,7 @@ struct IntervalModel {
   double micro_tokens_max = 0;      // micro-batch x sequence beyond it counts as unseen
   bool empty() const { return log_q95_seen <= 0.0; }
   bool has_launch_bound_class() const { return log_q95_seen_launch_bound > 0.0; }
+  bool has_memory() const { return memory_log_q95_seen > 0.0; }
 };
 
 // A prediction is launch-bound when the host needs at least this share of the GPU's time to

@@ -125,6 +125,10 @@ double interval_log_halfwidth(const IntervalModel& m, int unseen_dims, bool laun
   return seen + static_cast<double>(unseen_dims) * (unseen - seen);
 }
 
+double memory_interval_log_halfwidth(const IntervalModel& m, int unseen_dims) {
+  return m.memory_log_q95_seen + static_cast<double>(unseen_dims) * (m.memory_log_q95_unseen - m.memory_log_q95_seen);
+}
+
 void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model) {
   if (!hw.coefs_calibrated && hw.transferred_log_q95 > 0) {
     // A GPU never calibrated: as wide as the model's errors on others' published runs, those
@@ -140,6 +144,11 @@ void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& h
     p.step_std_s = p.time.step_s * std::expm1(interval_log_halfwidth(hw.interval, p.unseen_dims,
                                                                                 launch_bound(p.time.host_issue_ratio))) /
                    1.96;
+    if (hw.interval.has_memory()) {
+      const double q = memory_interval_log_halfwidth(hw.interval, p.unseen_dims);
+      p.gpu_memory_lo_bytes = p.memory.gpu_total_bytes * std::exp(-q);
+      p.gpu_memory_hi_bytes = p.memory.gpu_total_bytes * std::exp(q);
+    }
     return;
   }
   p.step_std_s = step_interval_std_s(f, hw, p.time.step_s);

@@ -29,6 +29,9 @@ struct Prediction {
   // error; 0 when not calibrated.
   double step_std_s = 0;
   int unseen_dims = -1;  // regime dimensions outside the fitted runs (interval model); -1: none
+  // The 95 % interval of the peak reserved GPU memory (the interval model's memory quantiles,
+  // symmetric in log); both 0 where the profile has none.
+  double gpu_memory_lo_bytes = 0, gpu_memory_hi_bytes = 0;
   bool fits = false;
   std::string reason;  // why it does not fit; empty when it fits
 };
@@ -75,6 +78,9 @@ int unseen_dimensions(const IntervalModel& m, const std::string& model, const Tr
 // unseen one for each dimension outside the region; a launch-bound prediction's own pair where
 // the model has one.
 double interval_log_halfwidth(const IntervalModel& m, int unseen_dims, bool launch_bound);
+
+// The same for log(peak reserved GPU memory): the memory quantiles, one class.
+double memory_interval_log_halfwidth(const IntervalModel& m, int unseen_dims);
 
 // Whether a prediction is launch-bound (host_issue_ratio at least kLaunchBoundIssueRatio).
 inline bool launch_bound(double host_issue_ratio) { return host_issue_ratio >= kLaunchBoundIssueRatio; }

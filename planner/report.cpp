@@ -174,7 +174,10 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                            {"allocator_reserve", m.gpu_reserve_bytes},
                            {"total", m.gpu_total_bytes},
                            {"required", m.gpu_required_bytes},
-                           {"limit", p.gpu_memory_limit_bytes}};
+                           {"limit", p.gpu_memory_limit_bytes},
+                           {"total_interval_95", p.gpu_memory_hi_bytes > 0
+                                                     ? nlohmann::json::array({p.gpu_memory_lo_bytes, p.gpu_memory_hi_bytes})
+                                                     : nlohmann::json(nullptr)}};
   j["cpu_memory_bytes"] = {{"total", m.host_node_total_bytes},
                            {"per_rank", m.host_per_rank_bytes},
                            {"buffers_per_rank", m.host_buffers_bytes},
@@ -331,6 +334,8 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"GPU", "peak allocated", format_gib(m.gpu_allocated_bytes)});
   mt.add({"GPU", "allocator's cache above it", format_gib(m.gpu_reserve_bytes)});
   mt.add({"GPU", "peak reserved per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
+  if (p.gpu_memory_hi_bytes > 0)
+    mt.add({"GPU", "peak reserved, 95 % interval", format_gib(p.gpu_memory_lo_bytes) + "-" + format_gib(p.gpu_memory_hi_bytes)});
   if (m.gpu_required_bytes < m.gpu_total_bytes)
     mt.add({"GPU", "needed to fit (without the cache a smaller card does without)", format_gib(m.gpu_required_bytes)});
   if (m.host_buffers_bytes > 0) mt.add({"host", "offloaded states and pinned buffers", format_gib(m.host_buffers_bytes)});
@@ -342,6 +347,12 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total_bytes)});
   out << mt.str();
   if (!p.fits) out << "does not fit: " << p.reason << "\n";
+  // Fits by the point prediction, but the interval's upper edge (less the cache a smaller card
+  // does without) passes the card: the memory model's own misses say it may not.
+  const double hi_required_bytes = p.gpu_memory_hi_bytes - (m.gpu_total_bytes - m.gpu_required_bytes);
+  if (p.fits && p.gpu_memory_hi_bytes > 0 && hi_required_bytes > p.gpu_memory_limit_bytes)
+    out << "may run out of GPU memory: the 95 % interval reaches " << format_gib(hi_required_bytes) << " GiB of "
+        << format_gib(p.gpu_memory_limit_bytes) << " GiB\n";
   (void)ctx;
   return out.str();
 }

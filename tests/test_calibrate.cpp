@@ -306,6 +306,7 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   //                        2026-12-04_peft_holdout_1gpu.jsonl 2026-12-04_size_span_1gpu.jsonl
   //                        2026-12-04_dequant_slope_1gpu.jsonl 2026-12-04_qlora_remeasure_1gpu.jsonl
   //                        2026-12-04_nf4_kernel_ab_new.jsonl 2026-12-04_loss_reserve_holdout_1gpu.jsonl
+  //                        2026-12-04_qlora_70b_remeasure_1gpu.jsonl
   //                        --hardware h200-sxm --holdout-frac 0
   // leaving out the records data/runs/h200-sxm/superseded.toml names
   // (every configuration: cross-validation is the held-out measure): the component fit on the
@@ -313,7 +314,7 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   // refit both stages from them and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
-  REQUIRE(committed.calibration_runs.size() == 30);
+  REQUIRE(committed.calibration_runs.size() == 31);
   std::vector<fs::path> files;
   for (const std::string& r : committed.calibration_runs) files.push_back(test::data_dir() / r);
   const auto runs = load_runs(files, test::data_dir());
@@ -614,6 +615,45 @@ TEST_CASE("interval quantiles by class: conformal ranks by hand, pooled under 19
   const nlohmann::json summary = cv_summary({p}, one);
   CHECK(summary["coverage_measurements"] == 2);
   CHECK(summary["coverage_95"].get<double>() == doctest::Approx(1.0));
+}
+
+TEST_CASE("the memory interval: conformal quantiles of |log| peak-memory errors, seen and unseen, and their coverage") {
+  // 20 predictions inside their folds' regions with |log(measured / predicted)| of peak memory
+  // 0.002 ... 0.040, and 5 outside it with 0.05 ... 0.09. Seen: the ceil(0.95 x 21) = 20th
+  // smallest of 20, 0.040. Unseen: the 5th (ceil(0.95 x 6) = 6 is past the end: the largest),
+  // 0.09.
+  std::vector<RunRecord> runs(25);
+  std::vector<CvPrediction> preds;
+  for (int i = 0; i < 25; ++i) {
+    const bool unseen = i >= 20;
+    const double err = unseen ? 0.05 + 0.01 * (i - 20) : 0.002 * (i + 1);
+    runs[i].step_s = 1.0;
+    runs[i].gpu_peak_reserved_bytes = 40e9;
+    CvPrediction p;
+    p.run = &runs[i];
+    p.step_s = 1.0;
+    p.gpu_memory_bytes = 40e9 * std::exp(i % 2 ? err : -err);
+    p.host_issue_ratio = 0.2;
+    p.unseen_dims = unseen ? 1 : 0;
+    preds.push_back(p);
+  }
+  IntervalModel m;
+  set_interval_quantiles(preds, m);
+  REQUIRE(m.has_memory());
+  CHECK(m.memory_log_q95_seen == doctest::Approx(0.040));
+  CHECK(m.memory_log_q95_unseen == doctest::Approx(0.09));
+  CHECK(m.memory_seen_predictions == 20);
+  CHECK(m.memory_unseen_predictions == 5);
+  // Every score lies inside its own class's quantile: coverage 1. A prediction two dimensions
+  // out widens by two steps: 0.040 + 2 x 0.05 = 0.14.
+  CHECK(cv_summary(preds, m)["peak_memory_coverage_95"].get<double>() == doctest::Approx(1.0));
+  CHECK(memory_interval_log_halfwidth(m, 2) == doctest::Approx(0.14));
+  // Under 19 seen scores: no memory interval, and no coverage to report.
+  preds.erase(preds.begin(), preds.begin() + 2);
+  IntervalModel few;
+  set_interval_quantiles(preds, few);
+  CHECK_FALSE(few.has_memory());
+  CHECK(cv_summary(preds, few)["peak_memory_coverage_95"].is_null());
 }
 
 TEST_CASE("run records: a configuration measured in two files keeps each file's median step") {
