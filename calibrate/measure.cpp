@@ -427,6 +427,7 @@ int run_predict_list(const PredictList& p) {
                     {"step_s", best.at("time_s").at("step")},
                     {"step_interval_95_s", interval},
                     {"gpu_memory_bytes", best.at("gpu_memory_bytes").at("total")},
+                    {"gpu_memory_interval_95_bytes", best.at("gpu_memory_bytes").value("total_interval_95", nlohmann::json())},
                     {"host_memory_bytes_per_rank", best.at("cpu_memory_bytes").at("per_rank")},
                     {"fits", best.at("fits")},
                     {"extrapolated_dimensions", best.at("extrapolated_dimensions")}});
@@ -441,13 +442,19 @@ int run_predict_list(const PredictList& p) {
     for (const auto& r : rows) width = std::max(width, r.at("line").get<std::string>().size());
     text = "# " + p.list + ", predicted by " + STEPCAST_GIT_COMMIT + " (engine " + p.engine + ", hardware " +
            p.hardware + ") before it is measured:\n# planner explain --model M --gpus N --engine " + p.engine +
-           " FLAGS; step s, its 95 % interval, peak GPU GiB, host GiB per rank\n";
+           " FLAGS; step s, its 95 % interval, peak GPU GiB (its 95 % interval where the profile has one), host GiB per "
+           "rank\n";
     for (const auto& r : rows) {
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "  step %.3f s  95%% [%.3f, %.3f]  memory %.1f GiB  host %.1f GiB%s\n",
+      char memory_band[64] = "";
+      const nlohmann::json& band = r.at("gpu_memory_interval_95_bytes");
+      if (band.is_array())
+        std::snprintf(memory_band, sizeof memory_band, " [%.1f, %.1f]", band.at(0).get<double>() / kBytesPerGiB,
+                      band.at(1).get<double>() / kBytesPerGiB);
+      char buf[240];
+      std::snprintf(buf, sizeof buf, "  step %.3f s  95%% [%.3f, %.3f]  memory %.1f GiB%s  host %.1f GiB%s\n",
                     r.at("step_s").get<double>(), r.at("step_interval_95_s").at(0).get<double>(),
                     r.at("step_interval_95_s").at(1).get<double>(), r.at("gpu_memory_bytes").get<double>() / kBytesPerGiB,
-                    r.at("host_memory_bytes_per_rank").get<double>() / kBytesPerGiB,
+                    memory_band, r.at("host_memory_bytes_per_rank").get<double>() / kBytesPerGiB,
                     r.at("fits").get<bool>() ? "" : "  does not fit");
       std::string line = r.at("line").get<std::string>();
       line.resize(width, ' ');

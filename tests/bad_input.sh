@@ -253,6 +253,7 @@ enginecoef|s/^\(\[engines.fsdp2\]\)/\1\ngemm_eff_max_frac = 0.5/|engines.fsdp2.g
 enginerange|/^\[engines.deepspeed\]/,/^\[/s/^act_bytes_mult = .*/act_bytes_mult = -3/|engines.deepspeed.act_bytes_mult
 intervalq|/^\[coefficients.interval\]/,/^\[/s/^log_q95_unseen = .*/log_q95_unseen = 0.001/|coefficients.interval.log_q95_unseen
 intervalkey|s/^\(\[coefficients.interval\]\)/\1\nlog_q99 = 1/|log_q99
+intervalmem|/^\[coefficients.interval\]/,/^\[/s/^memory_log_q95_unseen = .*/memory_log_q95_unseen = 0.000001/|coefficients.interval.memory_log_q95_unseen
 matmulrel|s/^\(peak_fp32_flops_per_s.*\)/\1\nmatmul_eff_rel_h200 = { value = 9, source = "x" }/|gpu.matmul_eff_rel_h200
 transferq|s/^\(\[coefficients\]\)/\1\ntransferred_log_q95 = -1/|coefficients.transferred_log_q95
 transferq_no|s/^\(\[coefficients\]\)/\1\ntransferred_log_q95_no_offload = 9/|coefficients.transferred_log_q95_no_offload
