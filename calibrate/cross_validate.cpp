@@ -105,6 +105,15 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
   return out;
 }
 
+namespace {
+
+// A prediction's score for the memory interval: |log(measured / predicted)| of the peak reserved.
+double memory_log_error(const CvPrediction& p) {
+  return std::abs(std::log(p.run->gpu_peak_reserved_bytes / p.gpu_memory_bytes));
+}
+
+}  // namespace
+
 nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const IntervalModel& interval) {
   std::vector<double> step, mem, host, fwd, bwd, opt;
   double host_max_bytes = 0;  // the largest host miss in bytes: a percentage of a small process says little
@@ -123,8 +132,7 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
     }
     if (r.gpu_peak_reserved_bytes > 0) {
       mem.push_back(std::abs(p.gpu_memory_bytes / r.gpu_peak_reserved_bytes - 1));
-      if (interval.has_memory() && std::abs(std::log(r.gpu_peak_reserved_bytes / p.gpu_memory_bytes)) <=
-                                       memory_interval_log_halfwidth(interval, p.unseen_dims))
+      if (interval.has_memory() && memory_log_error(p) <= memory_interval_log_halfwidth(interval, p.unseen_dims))
         ++memory_inside;
     }
     if (r.host_peak_rss_bytes > 0) {
@@ -219,7 +227,7 @@ void set_interval_quantiles(const std::vector<CvPrediction>& predictions, Interv
   std::vector<double> memory[2];
   for (const CvPrediction& p : predictions)
     if (p.run->gpu_peak_reserved_bytes > 0 && p.gpu_memory_bytes > 0)
-      memory[p.unseen_dims > 0].push_back(std::abs(std::log(p.run->gpu_peak_reserved_bytes / p.gpu_memory_bytes)));
+      memory[p.unseen_dims > 0].push_back(memory_log_error(p));
   m.memory_log_q95_seen = m.memory_log_q95_unseen = 0;
   m.memory_seen_predictions = m.memory_unseen_predictions = 0;
   if (memory[0].size() >= kConformalMinScores)

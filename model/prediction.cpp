@@ -118,15 +118,29 @@ int unseen_dimensions(const IntervalModel& m, const std::string& model, const Tr
   return k;
 }
 
-double interval_log_halfwidth(const IntervalModel& m, int unseen_dims, bool launch_bound) {
-  const bool own = launch_bound && m.has_launch_bound_class();
-  const double seen = own ? m.log_q95_seen_launch_bound : m.log_q95_seen;
-  const double unseen = own ? m.log_q95_unseen_launch_bound : m.log_q95_unseen;
+namespace {
+
+// A pair of quantiles widened for a prediction: the seen one, plus the step to the unseen one
+// for each regime dimension outside the region.
+double widened_log_halfwidth(double seen, double unseen, int unseen_dims) {
   return seen + static_cast<double>(unseen_dims) * (unseen - seen);
 }
 
+}  // namespace
+
+double interval_log_halfwidth(const IntervalModel& m, int unseen_dims, bool launch_bound) {
+  const bool own = launch_bound && m.has_launch_bound_class();
+  return own ? widened_log_halfwidth(m.log_q95_seen_launch_bound, m.log_q95_unseen_launch_bound, unseen_dims)
+             : widened_log_halfwidth(m.log_q95_seen, m.log_q95_unseen, unseen_dims);
+}
+
 double memory_interval_log_halfwidth(const IntervalModel& m, int unseen_dims) {
-  return m.memory_log_q95_seen + static_cast<double>(unseen_dims) * (m.memory_log_q95_unseen - m.memory_log_q95_seen);
+  return widened_log_halfwidth(m.memory_log_q95_seen, m.memory_log_q95_unseen, unseen_dims);
+}
+
+double gpu_memory_hi_required_bytes(const Prediction& p) {
+  if (p.gpu_memory_hi_bytes <= 0) return 0;
+  return p.gpu_memory_hi_bytes - (p.memory.gpu_total_bytes - p.memory.gpu_required_bytes);
 }
 
 void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model) {

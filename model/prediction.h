@@ -82,6 +82,11 @@ double interval_log_halfwidth(const IntervalModel& m, int unseen_dims, bool laun
 // The same for log(peak reserved GPU memory): the memory quantiles, one class.
 double memory_interval_log_halfwidth(const IntervalModel& m, int unseen_dims);
 
+// What a plan needs to fit at its memory interval's upper edge: the edge less the cache a
+// smaller card does without (as gpu_required_bytes is to gpu_total_bytes); 0 without an interval.
+// A plan that fits by its prediction may still run out of memory where this passes the card.
+double gpu_memory_hi_required_bytes(const Prediction& p);
+
 // Whether a prediction is launch-bound (host_issue_ratio at least kLaunchBoundIssueRatio).
 inline bool launch_bound(double host_issue_ratio) { return host_issue_ratio >= kLaunchBoundIssueRatio; }
 

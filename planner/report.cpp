@@ -347,10 +347,10 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total_bytes)});
   out << mt.str();
   if (!p.fits) out << "does not fit: " << p.reason << "\n";
-  // Fits by the point prediction, but the interval's upper edge (less the cache a smaller card
-  // does without) passes the card: the memory model's own misses say it may not.
-  const double hi_required_bytes = p.gpu_memory_hi_bytes - (m.gpu_total_bytes - m.gpu_required_bytes);
-  if (p.fits && p.gpu_memory_hi_bytes > 0 && hi_required_bytes > p.gpu_memory_limit_bytes)
+  // Fits by the point prediction, but not at the interval's upper edge: the memory model's own
+  // misses say it may not.
+  const double hi_required_bytes = gpu_memory_hi_required_bytes(p);
+  if (p.fits && hi_required_bytes > p.gpu_memory_limit_bytes)
     out << "may run out of GPU memory: the 95 % interval reaches " << format_gib(hi_required_bytes) << " GiB of "
         << format_gib(p.gpu_memory_limit_bytes) << " GiB\n";
   (void)ctx;
