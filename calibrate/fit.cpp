@@ -122,7 +122,7 @@ Observation observation_of(const RunRecord& r, const HardwareProfile& hw) {
 }
 
 std::vector<Coef> default_free_coefs() {
-  return {kGemmEffMaxFrac, kGemmHalfDim,         kBackwardSlowdownMult, kWeightGradGemmMult, kElementwiseTrafficMult,
+  return {kGemmEffMaxFrac, kGemmHalfDim,         kFp32GemmEffMaxFrac, kBackwardSlowdownMult, kWeightGradGemmMult, kElementwiseTrafficMult,
           kLayerOverheadS, kGpuOptBwEffFrac,     kCpuCoreBytesPerSPerLane, kCpuDramEffFrac,
           kActBytesMult,   kGpuWorkspaceBytes,   kGpuFragFrac,          kCkptReserveMult,
           kCollLatencyS,   kCpuOptOverlapFrac,

@@ -17,6 +17,7 @@ enum Coef : int {
   // --- compute --------------------------------------------------------------
   kGemmEffMaxFrac,           // best fraction of the dense peak a large GEMM reaches
   kGemmHalfDim,              // GEMM dimension (elements) at which that dimension halves efficiency
+  kFp32GemmEffMaxFrac,       // best fraction of the fp32 (CUDA-core) peak a large fp32 GEMM reaches
   kAttnEffMaxFrac,           // best fraction of peak of fused (flash) attention
   kAttnHalfSeqTokens,        // sequence length at which attention runs at half its best efficiency
   kBackwardSlowdownMult,     // the backward's element-wise time / twice the forward's

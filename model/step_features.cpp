@@ -352,6 +352,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // The GEMM efficiencies are fitted on the H200; another GPU's GEMMs reach its own share of
   // its peak (hardware.h matmul_eff_rel_h200).
   f.gemm_peak_flops_per_s = f.peak_flops_per_s * hw.gpu.matmul_eff_rel_h200;
+  f.gemm_fp32 = c.precision == Precision::kFp32 ? 1.0 : 0.0;
   f.hbm_bytes_per_s = hw.gpu.memory_bytes_per_s;
 
   // --- collectives -------------------------------------------------------------

@@ -52,6 +52,7 @@ struct StepFeatures {
   double gas = 1;
   double peak_flops_per_s = 0;     // dense peak at the run's precision
   double gemm_peak_flops_per_s = 0;  // the peak GEMMs run against: dense peak x matmul_eff_rel_h200
+  double gemm_fp32 = 0;            // 1 where the GEMMs run in fp32 on the CUDA cores (their own efficiency)
   double hbm_bytes_per_s = 0;
   // --- collectives ---------------------------------------------------------
   double grad_comm_bytes_micro = 0, grad_comm_calls_micro = 0;        // each micro-batch

@@ -65,20 +65,21 @@ T max2(const T& a, const T& b) {
 // by calibrate's component fit, which compares it with the micro-benchmarks
 // (backend/microbench_main.cpp) that time the same operation alone.
 
-// Efficiency of one GEMM: the best efficiency, reduced in each dimension d by
-// d / (d + half): small dimensions under-fill the tensor cores' tiles.
+// Efficiency of one GEMM: the best efficiency (the tensor cores', or the CUDA cores' for fp32
+// operands), reduced in each dimension d by d / (d + half): small dimensions under-fill the tiles.
 template <class T>
-T gemm_efficiency(const GemmShape& g, const T* coef) {
+T gemm_efficiency(const GemmShape& g, const T* coef, bool fp32 = false) {
   const T& half = coef[kGemmHalfDim];
-  return coef[kGemmEffMaxFrac] * (g.m / (g.m + half)) * (g.n / (g.n + half)) *
-         (g.k / (g.k + half));
+  const T& best = fp32 ? coef[kFp32GemmEffMaxFrac] : coef[kGemmEffMaxFrac];
+  return best * (g.m / (g.m + half)) * (g.n / (g.n + half)) * (g.k / (g.k + half));
 }
 
-// Time of g.count GEMMs of one shape at the dense peak `peak_flops_per_s`.
+// Time of g.count GEMMs of one shape at the dense peak `peak_flops_per_s` (the fp32 peak for
+// fp32 operands).
 template <class T>
-T gemm_time_s(const GemmShape& g, double peak_flops_per_s, const T* coef) {
+T gemm_time_s(const GemmShape& g, double peak_flops_per_s, const T* coef, bool fp32 = false) {
   if (g.count <= 0.0) return T(0.0);
-  return 2.0 * g.m * g.n * g.k * g.count / (peak_flops_per_s * gemm_efficiency(g, coef));
+  return 2.0 * g.m * g.n * g.k * g.count / (peak_flops_per_s * gemm_efficiency(g, coef, fp32));
 }
 
 // Forward time of causal attention executing `fwd_flops` (causal_attention_fwd_flops):
@@ -86,8 +87,8 @@ T gemm_time_s(const GemmShape& g, double peak_flops_per_s, const T* coef) {
 // path runs as batched GEMMs of s x s x 128.
 template <class T>
 T attention_fwd_time_s(double fwd_flops, double seq_len, bool math_attention, double peak_flops_per_s,
-                       const T* coef) {
-  const T eff = math_attention ? gemm_efficiency(GemmShape{seq_len, seq_len, 128.0, 1.0}, coef)
+                       const T* coef, bool fp32 = false) {
+  const T eff = math_attention ? gemm_efficiency(GemmShape{seq_len, seq_len, 128.0, 1.0}, coef, fp32)
                                : coef[kAttnEffMaxFrac] * (seq_len / (seq_len + coef[kAttnHalfSeqTokens]));
   return fwd_flops / (peak_flops_per_s * eff);
 }
@@ -112,8 +113,9 @@ T collective_time_s(double bytes, double calls, double bus_factor, bool allreduc
 // forward's efficiency, as the data-gradient GEMMs of the projections do.
 template <class T>
 T attention_bwd_time_s(double fwd_flops, double seq_len, double bwd_flops_mult, bool math_attention,
-                       double peak_flops_per_s, const T* coef) {
-  if (math_attention) return bwd_flops_mult * attention_fwd_time_s(fwd_flops, seq_len, true, peak_flops_per_s, coef);
+                       double peak_flops_per_s, const T* coef, bool fp32 = false) {
+  if (math_attention)
+    return bwd_flops_mult * attention_fwd_time_s(fwd_flops, seq_len, true, peak_flops_per_s, coef, fp32);
   const T eff = coef[kAttnBwdEffMaxFrac] * (seq_len / (seq_len + coef[kAttnBwdHalfSeqTokens]));
   return bwd_flops_mult * fwd_flops / (peak_flops_per_s * eff);
 }
@@ -196,10 +198,12 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   StepTime<T> out;
 
   // --- compute of one micro-batch ------------------------------------------
+  const bool fp32 = f.gemm_fp32 > 0.0;
   T gemm_fwd_s(0.0);
-  for (const GemmShape& g : f.gemms) gemm_fwd_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef);
+  for (const GemmShape& g : f.gemms) gemm_fwd_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef, fp32);
   const T attn_fwd_s =
-      attention_fwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_uses_gemm_eff > 0.0, f.peak_flops_per_s, coef) *
+      attention_fwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_uses_gemm_eff > 0.0, f.peak_flops_per_s, coef,
+                           fp32) *
       f.attn_head_dim_rel_fwd;
   const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;
   const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
@@ -208,7 +212,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // dequantisation of every NF4 weight before its forward and again before its backward
   // product: a streaming kernel of ours like the GPU optimizer's, at its share of HBM bandwidth.
   T adapter_gemm_s(0.0);
-  for (const GemmShape& g : f.adapter_gemms) adapter_gemm_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef);
+  for (const GemmShape& g : f.adapter_gemms) adapter_gemm_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef, fp32);
   const T dequant_s = f.dequant_bytes_pass / (f.hbm_bytes_per_s * coef[kGpuOptBwEffFrac]);
   const T adapter_fwd_s = adapter_gemm_s + f.adapter_bytes_fwd / f.hbm_bytes_per_s + dequant_s;
   const T adapter_bwd_s = 2.0 * adapter_gemm_s + f.adapter_bytes_bwd / f.hbm_bytes_per_s + dequant_s;
@@ -229,7 +233,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       coef[kBackwardSlowdownMult] * 2.0 * elementwise_fwd_s +
       adapter_bwd_s +
       attention_bwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, f.attn_uses_gemm_eff > 0.0,
-                           f.peak_flops_per_s, coef) *
+                           f.peak_flops_per_s, coef, fp32) *
           f.attn_head_dim_rel_bwd +
       overhead_s + local_gather_s + grad_accum_s + f.attn_score_bytes_bwd / f.hbm_bytes_per_s;
   // The host's time to issue a layer: the engine's (fitted), scaled for a peer by its model
