@@ -354,6 +354,34 @@ TEST_CASE("a ring across nodes runs at the slower of NVLink and the node's NICs 
   }
 }
 
+TEST_CASE("pipelined CPU offload: the uploads follow the backward, after the updates they wait for") {
+  // Our backend issues each unit's upload (and all-gather) once the backward has been issued
+  // (ZeroEngine::optimizer_phase), so the upload stream starts at the backward's end.
+  // Llama-2-7b in fp32 at stage 2 on one GPU, default coefficients: the updated fp32 parameters
+  // go up, 4 B x 6,738,415,616 over 0.95 x 55 GB/s = 0.5159 s.
+  const ModelSpec m = model("llama-2-7b");
+  HardwareProfile hw = hardware("h200-sxm");
+  hw.coefs = default_coefs();
+  TrainConfig c = config(2, 1, 16, 1);
+  c.precision = Precision::kFp32;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  const double upload_s = 4.0 * 6'738'415'616.0 / (0.95 * 55e9);
+  CHECK(upload_s == doctest::Approx(0.5159).epsilon(1e-3));
+  // GPU-bound (16 x 2048 tokens): 0.8 of the backward hides the CPU updates; the whole upload
+  // stream is exposed after it.
+  const Prediction gpu_bound = evaluate(m, hw, c);
+  CHECK(gpu_bound.time.optimizer_s == 0.0);
+  CHECK(gpu_bound.time.tail_s == doctest::Approx(upload_s).epsilon(1e-9));
+  // CPU-bound (1 x 512 tokens): the updates outlast the backward by more than the uploads
+  // take; the uploads of updated units run meanwhile and only the last unit's is exposed.
+  c.micro_batch = 1;
+  c.seq_len = 512;
+  const Prediction cpu_bound = evaluate(m, hw, c);
+  const double units = make_features(m, hw, c).step.opt_pipeline_units;
+  CHECK(cpu_bound.time.optimizer_s > upload_s);
+  CHECK(cpu_bound.time.tail_s == doctest::Approx(cpu_bound.time.optimizer_s + upload_s / units).epsilon(1e-9));
+}
+
 TEST_CASE("serial CPU offload (DeepSpeed's order) exposes the whole optimizer; the pipeline hides part of it") {
   const ModelSpec m = model("llama-2-7b");
   const HardwareProfile hw = hardware("h200-sxm");
