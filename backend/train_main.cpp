@@ -72,6 +72,7 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
     if (!std::filesystem::exists(f.plan, ec)) throw InputError(f.plan + ": cannot open the --plan file");
     c = plan_config_from_text(read_text_file(f.plan), f.plan);
   }
+  c.offload_uploads_in_backward = true;  // the backend's only order (a plan from before may say otherwise)
   auto given = [&](const char* flag) { return f.plan.empty() || app.count(flag) > 0; };
   if (given("--stage")) c.zero_stage = f.stage;
   if (given("--offload-optimizer")) c.offload_optimizer = parse_offload(f.offload_optimizer, "--offload-optimizer");

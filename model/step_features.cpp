@@ -543,6 +543,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   f.opt_on_cpu = offload_opt ? 1.0 : 0.0;
   f.opt_pipelined = c.offload_pipeline ? 1.0 : 0.0;
   f.opt_overlap_fwd = c.offload_pipeline && c.offload_overlap_forward ? 1.0 : 0.0;
+  f.opt_uploads_in_bwd = pipelined_offload_uploads(c) && !c.offload_uploads_in_backward ? 0.0 : 1.0;
   f.opt_params_rank = shard_params;
   f.opt_bytes_per_param = optimizer_traffic_bytes(c.optimizer, c.precision, offload_opt, c.split_master);
   // The peers' CPU optimizers keep fp32 parameters, gradients and moments on the host: 4 B read

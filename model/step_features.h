@@ -90,6 +90,7 @@ struct StepFeatures {
   double opt_on_cpu = 0;
   double opt_pipelined = 1;         // offload: 1 pipelined over units during the backward, 0 serial after it
   double opt_overlap_fwd = 0;       // offload: 1 when the tail also overlaps the next step's forward
+  double opt_uploads_in_bwd = 1;    // pipelined offload: 1 when units go up during the backward, 0 after it
   double opt_pipeline_units = 1;    // offload: units the CPU optimizer pipelines over (layers + 2)
   double opt_params_rank = 0;       // parameters this rank updates
   double opt_bytes_per_param = 0;   // memory traffic of one update

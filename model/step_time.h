@@ -11,9 +11,9 @@
 //   OPT time      = last micro-batch (with the boundary reduction and, with CPU offload,
 //                   the gradient copies to the host, hidden behind its backward up to a share)
 //                   + optimizer step + parameter upload + post-step all-gather   ("OPT Time")
-//                   With pipelined CPU offload the CPU updates start during the last
-//                   backward (what it does not hide is exposed); the uploads and all-gathers
-//                   follow the backward, each unit's once it is updated.
+//                   With pipelined CPU offload the optimizer, uploads and all-gathers are a
+//                   pipeline over the units that starts during the last backward: only what
+//                   that backward does not hide, plus the last unit's upload, is exposed.
 //                   Serial CPU offload (DeepSpeed's) runs them one after the other.
 //   step          = GAS time + OPT time
 #pragma once
@@ -338,10 +338,12 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
                                                     f.gather_bus_factor, false, f, coef);
   // After the last micro-batch: serial on the GPU; with pipelined CPU offload, the CPU updates
   // run from the start of the last backward (up to a share of it hidden) and each unit goes
-  // back up once updated. Its uploads and all-gathers are issued after the backward has been
-  // (the collectives keep one order on every rank, ZeroEngine::optimizer_phase), so the
-  // upload stream starts at the backward's end: the tail is the whole stream, or the updates'
-  // exposed rest and then the last unit's upload and all-gather, whichever ends later.
+  // back up once updated, during the backward (ZeroEngine::copy_up_ready): what the backward
+  // does not hide of the slower stream (updates or uploads) is exposed, or, at stages 1-2 on
+  // several ranks, the all-gathers, which follow the backward in one order on every rank;
+  // then the last unit's upload and all-gather. Records from before that (uploads issued
+  // after the backward, opt_uploads_in_bwd 0) start the upload stream at the backward's end:
+  // their tail is the whole stream, or the updates' exposed rest and then the last unit's.
   const T host_copy_s = host_copy_time_s(f.host_convert_bytes_step, f.pageable_h2d_bytes_step, f.ranks_per_node,
                                          f.cpu_cores_node, f.dram_bytes_per_s, coef);
   T tail_s = optimizer_s + upload_s + post_gather_s + host_copy_s;
@@ -351,7 +353,10 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     const T back_s = (upload_s + post_gather_s) / f.opt_pipeline_units;
     const T hidden = coef[kCpuOptOverlapFrac] * bwd_s;
     optimizer_exposed = max0(optimizer_s - hidden);
-    tail_s = detail::max2(upload_s + post_gather_s, optimizer_exposed + back_s) + host_copy_s;
+    tail_s = f.opt_uploads_in_bwd > 0.0
+                 ? detail::max2(post_gather_s, max0(detail::max2(optimizer_s, upload_s) - hidden)) + back_s +
+                       host_copy_s
+                 : detail::max2(upload_s + post_gather_s, optimizer_exposed + back_s) + host_copy_s;
     if (f.opt_overlap_fwd > 0.0) {
       // The step returns; the next forward takes each unit as it comes up, in forward
       // order, and hides up to a share of its own time. It cannot hide the first unit's

@@ -51,6 +51,12 @@ struct TrainConfig {
   // updates; the CPU finishes them in forward order and each unit goes up just
   // before the next step's forward needs it ("--offload-pipeline full").
   bool offload_overlap_forward = false;
+  // Pipelined offload without the overlap: our backend copies each unit's updated parameters
+  // up as soon as its CPU update is done, during the backward (ZeroEngine::copy_up_ready). Its
+  // records from before 2026-12-04 (no such key) uploaded only after the backward had been
+  // issued (false); the cost model reads it (step_time.h), so those records still describe
+  // what ran. Not a choice: the backend runs only the current order.
+  bool offload_uploads_in_backward = true;
   // 8-bit CPU offload in bf16: the fp32 master weights are held split, as their bf16 upper
   // half (the upload copy) and a 16-bit remainder (backend/cpu_adamw.h), moving 14 instead
   // of 16 bytes per update and holding 2 bytes less host memory per parameter with parameter
@@ -140,6 +146,13 @@ std::string offload_label(const TrainConfig& config);
 // Whether the configuration offloads anything (optimizer or parameters) to the host.
 inline bool offloads(const TrainConfig& c) {
   return c.offload_optimizer != OffloadDevice::kNone || c.offload_params != OffloadDevice::kNone;
+}
+
+// Whether offload_uploads_in_backward applies: our backend's pipelined CPU offload without the
+// overlap of the next forward.
+inline bool pipelined_offload_uploads(const TrainConfig& c) {
+  return c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline && !c.offload_overlap_forward &&
+         c.engine == Engine::kStepcast;
 }
 
 // "stage 3 + CPU optimizer offload + 8-bit AdamW": the family a config

@@ -29,6 +29,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   if (!c.cpu_bind) j["cpu_bind"] = false;
   if (c.engine != Engine::kStepcast) j["engine"] = engine_name(c.engine);
   if (c.grad_sync_each_micro) j["grad_sync_each_micro"] = true;
+  if (pipelined_offload_uploads(c)) j["offload_uploads_in_backward"] = c.offload_uploads_in_backward;
   if (c.peft_enabled()) {
     j["peft"] = peft_name(c.peft);
     j["lora_rank"] = c.lora_rank;
@@ -91,6 +92,8 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     c.cpu_bind = boolean_key(j, "cpu_bind", where, true, false);
     if (j.contains("engine")) c.engine = parse_engine(j.at("engine").get<std::string>(), where + ".engine");
     c.grad_sync_each_micro = boolean_key(j, "grad_sync_each_micro", where, false, false);
+    // Absent: a record from before the backend uploaded during the backward (or a plan then).
+    c.offload_uploads_in_backward = boolean_key(j, "offload_uploads_in_backward", where, false, false);
     if (j.contains("peft")) {
       c.peft = parse_peft(j.at("peft").get<std::string>(), where + ".peft");
       if (c.peft_enabled()) {
@@ -128,7 +131,9 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          " mb" + std::to_string(c.micro_batch) + " gas" + std::to_string(c.gas) + " seq" +
          std::to_string(c.seq_len) + " ckpt=" + (c.activation_checkpointing ? "1" : "0") +
          (c.offload_optimizer == OffloadDevice::kCpu && !c.offload_pipeline ? " serial" : "") +
-         (c.offload_overlap_forward ? " overlap-fwd" : "") + (c.split_master ? "" : " split=off") +
+         (c.offload_overlap_forward ? " overlap-fwd" : "") +
+         (pipelined_offload_uploads(c) && !c.offload_uploads_in_backward ? " uploads=after-bwd" : "") +
+         (c.split_master ? "" : " split=off") +
          (c.cpu_simd == CpuSimd::kAuto ? "" : std::string(" simd=") + cpu_simd_name(c.cpu_simd)) +
          (c.cpu_bind ? "" : " bind=off") +
          (c.attention == AttentionKind::kFlash ? "" : std::string(" attn=") + attention_name(c.attention)) +

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "model/prediction.h"
+#include "model/train_config_json.h"
 #include "test_util.h"
 
 using namespace stepcast;
@@ -354,11 +355,10 @@ TEST_CASE("a ring across nodes runs at the slower of NVLink and the node's NICs 
   }
 }
 
-TEST_CASE("pipelined CPU offload: the uploads follow the backward, after the updates they wait for") {
-  // Our backend issues each unit's upload (and all-gather) once the backward has been issued
-  // (ZeroEngine::optimizer_phase), so the upload stream starts at the backward's end.
+TEST_CASE("pipelined CPU offload: the uploads run during the backward; before 2026-12-04 they followed it") {
   // Llama-2-7b in fp32 at stage 2 on one GPU, default coefficients: the updated fp32 parameters
-  // go up, 4 B x 6,738,415,616 over 0.95 x 55 GB/s = 0.5159 s.
+  // go up, 4 B x 6,738,415,616 over 0.95 x 55 GB/s = 0.5159 s, in 34 units (embedding, 32
+  // layers, head).
   const ModelSpec m = model("llama-2-7b");
   HardwareProfile hw = hardware("h200-sxm");
   hw.coefs = default_coefs();
@@ -367,19 +367,31 @@ TEST_CASE("pipelined CPU offload: the uploads follow the backward, after the upd
   c.offload_optimizer = OffloadDevice::kCpu;
   const double upload_s = 4.0 * 6'738'415'616.0 / (0.95 * 55e9);
   CHECK(upload_s == doctest::Approx(0.5159).epsilon(1e-3));
-  // GPU-bound (16 x 2048 tokens): 0.8 of the backward hides the CPU updates; the whole upload
-  // stream is exposed after it.
-  const Prediction gpu_bound = evaluate(m, hw, c);
-  CHECK(gpu_bound.time.optimizer_s == 0.0);
-  CHECK(gpu_bound.time.tail_s == doctest::Approx(upload_s).epsilon(1e-9));
+  CHECK(make_features(m, hw, c).step.opt_pipeline_units == 34.0);
+  // GPU-bound (16 x 2048 tokens): 0.8 of the backward hides the CPU updates and the uploads;
+  // the last unit's upload is exposed.
+  const Prediction now = evaluate(m, hw, c);
+  CHECK(now.time.optimizer_s == 0.0);
+  CHECK(now.time.tail_s == doctest::Approx(upload_s / 34.0).epsilon(1e-9));
+  // A record from before: the backend issued the uploads once the backward had been issued
+  // (ZeroEngine::optimizer_phase), so the whole upload stream followed it.
+  c.offload_uploads_in_backward = false;
+  const Prediction before = evaluate(m, hw, c);
+  CHECK(before.time.optimizer_s == 0.0);
+  CHECK(before.time.tail_s == doctest::Approx(upload_s).epsilon(1e-9));
+  CHECK(config_key("llama-2-7b", c) ==
+        "llama-2-7b g1n1 s2 off=cpu/none adamw fp32 mb16 gas1 seq2048 ckpt=0 uploads=after-bwd");
   // CPU-bound (1 x 512 tokens): the updates outlast the backward by more than the uploads
-  // take; the uploads of updated units run meanwhile and only the last unit's is exposed.
+  // take, and the uploads of updated units run meanwhile in both orders: the last unit's is
+  // exposed after the updates' rest.
   c.micro_batch = 1;
   c.seq_len = 512;
-  const Prediction cpu_bound = evaluate(m, hw, c);
-  const double units = make_features(m, hw, c).step.opt_pipeline_units;
-  CHECK(cpu_bound.time.optimizer_s > upload_s);
-  CHECK(cpu_bound.time.tail_s == doctest::Approx(cpu_bound.time.optimizer_s + upload_s / units).epsilon(1e-9));
+  for (bool in_backward : {true, false}) {
+    c.offload_uploads_in_backward = in_backward;
+    const Prediction p = evaluate(m, hw, c);
+    CHECK(p.time.optimizer_s > upload_s);
+    CHECK(p.time.tail_s == doctest::Approx(p.time.optimizer_s + upload_s / 34.0).epsilon(1e-9));
+  }
 }
 
 TEST_CASE("serial CPU offload (DeepSpeed's order) exposes the whole optimizer; the pipeline hides part of it") {

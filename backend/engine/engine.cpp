@@ -338,13 +338,34 @@ void ZeroEngine::enqueue_cpu_update(size_t i) {
 
 int64_t ZeroEngine::update_step() const { return outstanding_step_ > 0 ? outstanding_step_ : step_; }
 
+void ZeroEngine::copy_up(size_t i) {
+  Unit& u = units_[i];
+  if (param_offload()) return;  // the update landed in the host shard, which the gathers read
+  torch::Tensor own = partition_.parameters ? u.shard : u.full.narrow(0, opt_offset(u), opt_numel(u));
+  rt_.copy_to_device_on_comm(own, u.upload);
+}
+
 void ZeroEngine::upload_unit(size_t i) {
   Unit& u = units_[i];
-  torch::Tensor own;
-  if (!partition_.parameters) own = u.full.narrow(0, opt_offset(u), opt_numel(u));
-  if (!param_offload()) rt_.copy_to_device_on_comm(partition_.parameters ? u.shard : own, u.upload);
-  if (!partition_.parameters) comm_.all_gather(own, u.full);
+  if (!u.copied_up) copy_up(i);
+  u.copied_up = false;
+  if (!partition_.parameters) {
+    torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
+    comm_.all_gather(own, u.full);
+  }
   u.upload_event = rt_.record_comm_event();
+}
+
+void ZeroEngine::copy_up_ready() {
+  // The copies are this rank's own business; the all-gathers that follow them keep one order on
+  // every rank and wait for optimizer_phase.
+  const size_t n = units_.size();
+  while (copied_up_ < n && worker_->done(n - 1 - copied_up_, step_)) {
+    Unit& u = units_[n - 1 - copied_up_];
+    copy_up(n - 1 - copied_up_);
+    u.copied_up = true;
+    ++copied_up_;
+  }
 }
 
 void ZeroEngine::issue_uploads(size_t need) {
@@ -512,6 +533,8 @@ void ZeroEngine::backward(std::vector<Saved>& saved, bool boundary, StepMarks& m
     sv = Saved{};
     if (partition_.parameters) release(k);
     reduce_unit(k, boundary);
+    // The units the CPU optimizer has finished go back up while the backward runs.
+    if (boundary && offload() && cfg_.offload_pipeline && !cfg_.offload_overlap_forward) copy_up_ready();
   }
 }
 
@@ -535,14 +558,16 @@ void ZeroEngine::optimizer_phase(StepMarks& marks) {
     outstanding_step_ = step_;
     upload_next_ = 0;
   } else if (offload()) {
-    // The worker has been updating units since their gradients reached the host: each one it
-    // finishes goes back up (and is all-gathered) on the communication stream. Serial offload:
-    // the backward has ended; every unit is updated, then every unit goes up.
+    // The worker has been updating units since their gradients reached the host; those it
+    // finished during the backward went up then (copy_up_ready). The rest go up as it finishes
+    // them, and every unit is all-gathered, in one order on every rank. Serial offload: the
+    // backward has ended; every unit is updated, then every unit goes up.
     if (!cfg_.offload_pipeline) worker_->release_held();
     for (size_t k = units_.size(); k-- > 0;) {  // in the worker's order (the backward's), on every rank
       worker_->wait_done(k, step_);
       upload_unit(k);
     }
+    copied_up_ = 0;
     marks.opt_end = rt_.mark();  // the compute stream reaches it once the last CPU update is done
     rt_.compute_waits_for_comm();
   } else {

@@ -18,8 +18,9 @@
 // on the last micro-batch each unit's reduced shard is copied to pinned host
 // memory as soon as its backward is done, a worker thread runs the CPU AdamW
 // on it while the backward of the earlier units continues, and the updated
-// parameters go back up (and, at stages 1-2, are all-gathered) unit by unit
-// as the worker finishes them. With offload_overlap_forward the step does not
+// parameters go back up unit by unit as the worker finishes them, during the
+// backward where it finishes them early enough; at stages 1-2 the all-gathers
+// follow the backward, in one order on every rank. With offload_overlap_forward the step does not
 // wait for the last updates: at the end of the backward the worker's backlog is
 // put in forward order (the embedding, whose gradient comes last, first), and
 // the next step's forward uploads each unit just before it needs it, so that
@@ -158,6 +159,7 @@ class ZeroEngine {
     bool gathered = false;
     int ready_event = -1;
     int upload_event = -1;  // overlapped offload: its upload (and all-gather) is done
+    bool copied_up = false;  // pipelined offload: its updated shard went up during the backward
   };
   struct Saved {
     torch::Tensor x_in, out;
@@ -210,6 +212,10 @@ class ZeroEngine {
   void enqueue_cpu_update(size_t u);
   int64_t update_step() const;  // the step whose updates the uploads wait for: the outstanding one, else this one
   void upload_unit(size_t u);  // the updated shard up (stages 1-2: and all-gathered), on the comm stream
+  void copy_up(size_t u);      // the updated shard up, on the comm stream (rank-local, no collective)
+  // Pipelined offload, during the last backward: copies up the units the CPU optimizer has
+  // finished, in its order, without waiting for any.
+  void copy_up_ready();
   // Overlapped offload: uploads, in forward order, every unit up to `need` (waiting for the
   // worker) and the following ones the worker has already finished.
   void issue_uploads(size_t need);
@@ -234,6 +240,8 @@ class ZeroEngine {
   // Overlapped offload: the step whose updates are still going up, and the next unit to upload.
   int64_t outstanding_step_ = 0;
   size_t upload_next_ = 0;
+  // Pipelined offload: units copied up during this step's backward, from the last unit down.
+  size_t copied_up_ = 0;
   double outstanding_cpu_s_ = 0;
   int rank_, world_;
   std::unique_ptr<CpuUpdateWorker> worker_;  // with offload; last, so that it stops before the units go
