@@ -375,6 +375,7 @@ nostep|time_s.step|DELETE|step
 noconfig|config|DELETE|config
 stage9|config.zero_stage|9|zero_stage 9 is not a ZeRO stage
 mb|config.micro_batch|0|config.micro_batch 0
+uploads|config.offload_uploads_in_backward|"soon"|config.offload_uploads_in_backward is "soon", expected true or false
 model|model|"gpt-9"|unknown model
 EOF
 # a malformed line in the middle is an error; a torn last line is skipped with a warning (tested in test_tools)
