@@ -282,9 +282,11 @@ std::vector<CoefSupport> coefficient_support(const std::vector<Observation>& obs
   return out;
 }
 
-// The host-floor terms: only launch-bound runs inform them.
+// The host-floor terms, which only launch-bound runs inform, and the fp32 GEMMs' efficiency,
+// which only fp32 runs inform.
 bool is_regime_coef(Coef c) {
-  return c == kHostLayerFwdS || c == kHostLayerBwdS || c == kGradHookOverheadS || c == kParamFetchOverheadS;
+  return c == kHostLayerFwdS || c == kHostLayerBwdS || c == kGradHookOverheadS || c == kParamFetchOverheadS ||
+         c == kFp32GemmEffMaxFrac;
 }
 
 void check_identifiable(const std::vector<Observation>& obs, const std::vector<MicroRecord>& micro,

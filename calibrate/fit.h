@@ -115,7 +115,7 @@ std::vector<CoefSupport> coefficient_support(const std::vector<Observation>& obs
                                              const std::vector<Coef>& free, const CoefVector& at);
 
 // Coefficients that only runs in one regime inform (the host floor: launch-bound passes at
-// small micro-batches). Where no fitted run reaches that regime the prior holds them at
+// small micro-batches; the fp32 GEMMs' efficiency: fp32 runs). Where no fitted run reaches that regime the prior holds them at
 // their default, and check_identifiable does not ask for such runs; calibrate report
 // shows how many configurations inform each coefficient.
 bool is_regime_coef(Coef c);
