@@ -13,8 +13,8 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "GEMM dimension at which efficiency halves (eff = max * prod d/(d+half))"},
     // fp32 GEMMs (no TF32: torch's default matmul precision "highest") run on the CUDA cores,
     // whose FMA pipes a GEMM keeps busier than a tensor-core GEMM keeps its tensor cores (no
-    // operand staging ahead of much faster math): the H200's fit, 0.857 over 11 fp32
-    // configurations of 2.8B-8B (docs/calibration.md, session 32), against 0.75 for bf16.
+    // operand staging ahead of much faster math). The H200's fit (docs/calibration.md) is the
+    // default for a GPU never calibrated.
     {kFp32GemmEffMaxFrac, "fp32_gemm_eff_max_frac", 0.05, 1.0, 0.86, "1",
      "best fraction of the fp32 (CUDA-core) peak reached by a large fp32 GEMM"},
     // SDPA causal bf16 fwd+bwd: 406 TFLOP/s at s=2048, 489 at s=4096. Solving

@@ -52,8 +52,8 @@ struct TrainConfig {
   // before the next step's forward needs it ("--offload-pipeline full").
   bool offload_overlap_forward = false;
   // Pipelined offload without the overlap: our backend copies each unit's updated parameters
-  // up as soon as its CPU update is done, during the backward (ZeroEngine::copy_up_ready). Its
-  // records from before 2026-12-04 (no such key) uploaded only after the backward had been
+  // up as soon as its CPU update is done, during the backward (ZeroEngine::copy_up_ready).
+  // Records without the key come from an engine that uploaded only after the backward had been
   // issued (false); the cost model reads it (step_time.h), so those records still describe
   // what ran. Not a choice: the backend runs only the current order.
   bool offload_uploads_in_backward = true;

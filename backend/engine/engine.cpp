@@ -347,8 +347,7 @@ void ZeroEngine::copy_up(size_t i) {
 
 void ZeroEngine::upload_unit(size_t i) {
   Unit& u = units_[i];
-  if (!u.copied_up) copy_up(i);
-  u.copied_up = false;
+  if (i + copied_up_ < units_.size()) copy_up(i);  // not already up during the backward
   if (!partition_.parameters) {
     torch::Tensor own = u.full.narrow(0, opt_offset(u), opt_numel(u));
     comm_.all_gather(own, u.full);
@@ -361,9 +360,7 @@ void ZeroEngine::copy_up_ready() {
   // every rank and wait for optimizer_phase.
   const size_t n = units_.size();
   while (copied_up_ < n && worker_->done(n - 1 - copied_up_, step_)) {
-    Unit& u = units_[n - 1 - copied_up_];
     copy_up(n - 1 - copied_up_);
-    u.copied_up = true;
     ++copied_up_;
   }
 }

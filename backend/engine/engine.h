@@ -159,7 +159,6 @@ class ZeroEngine {
     bool gathered = false;
     int ready_event = -1;
     int upload_event = -1;  // overlapped offload: its upload (and all-gather) is done
-    bool copied_up = false;  // pipelined offload: its updated shard went up during the backward
   };
   struct Saved {
     torch::Tensor x_in, out;
