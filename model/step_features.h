@@ -21,6 +21,7 @@ struct GemmShape {
   double m = 0, n = 0, k = 0, count = 0;
 };
 inline constexpr int kNumGemmClasses = 5;  // qkv, attention out, MLP up, MLP down, lm_head
+inline constexpr int kLmHeadGemm = 4;      // the one outside the decoder layers
 
 struct StepFeatures {
   // --- compute, per micro-batch --------------------------------------------

@@ -199,8 +199,12 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
 
   // --- compute of one micro-batch ------------------------------------------
   const bool fp32 = f.gemm_fp32 > 0.0;
-  T gemm_fwd_s(0.0);
-  for (const GemmShape& g : f.gemms) gemm_fwd_s += gemm_time_s(g, f.gemm_peak_flops_per_s, coef, fp32);
+  T gemm_fwd_s(0.0), head_gemm_s(0.0);
+  for (int i = 0; i < kNumGemmClasses; ++i) {
+    const T t = gemm_time_s(f.gemms[i], f.gemm_peak_flops_per_s, coef, fp32);
+    gemm_fwd_s += t;
+    if (i == kLmHeadGemm) head_gemm_s = t;
+  }
   const T attn_fwd_s =
       attention_fwd_time_s(f.attn_fwd_flops, f.seq_len, f.attn_uses_gemm_eff > 0.0, f.peak_flops_per_s, coef,
                            fp32) *
@@ -246,7 +250,10 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // (docs/calibration.md: what it does to the H200 runs' cross-validated error).
   const T fwd_s = smooth_max(fwd_gpu_s, launch_fwd_s);
   const T bwd_s = smooth_max(bwd_gpu_s, launch_bwd_only_s);
-  const T recompute_s = f.recompute * fwd_s;
+  // Checkpointing recomputes the decoder layers' forward, not the head's (whose logits the
+  // loss's backward consumes at once): the forward less the lm_head product.
+  const T recompute_gpu_s = fwd_gpu_s - head_gemm_s;
+  const T recompute_s = f.recompute * smooth_max(recompute_gpu_s, launch_fwd_s);
   const T compute_s = fwd_s + bwd_s + recompute_s;
 
   // --- communication and transfers of one micro-batch -----------------------
@@ -266,8 +273,11 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
 
   // Overlap: gradient reduction and copies to the host run on their own
   // streams during backward; gathers and uploads are prefetched during compute.
-  const T grad_window = coef[kGradCommOverlapFrac] * bwd_s;
-  const T copy_window = coef[kOffloadOverlapFrac] * bwd_s;
+  // A checkpointed layer's recompute runs inside the backward pass, between the
+  // gradients of the layer above and its own, so the window is the pass with it.
+  const T bwd_pass_s = bwd_s + recompute_s;
+  const T grad_window = coef[kGradCommOverlapFrac] * bwd_pass_s;
+  const T copy_window = coef[kOffloadOverlapFrac] * bwd_pass_s;
   const T gather_window = coef[kGatherOverlapFrac] * compute_s;
   // A peer engine's hooks (DeepSpeed ZeRO-3's parameter fetches before each module, its gradient
   // reduction after each tensor) are host work on the thread that issues the kernels. The GPU
@@ -284,7 +294,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   // What the hooks add to the pass beyond its launches: 0 without hooks, continuous in them.
   const T fwd_hook_exposed =
       smooth_max(fwd_gpu_s, launch_fwd_s + fetch_fwd_host_s) - smooth_max(fwd_gpu_s, launch_fwd_s);
-  const T bwd_gpu_total_s = bwd_gpu_s + f.recompute * fwd_gpu_s;
+  const T bwd_gpu_total_s = bwd_gpu_s + f.recompute * recompute_gpu_s;
   const T launch_bwd_s = launch_bwd_only_s + f.recompute * launch_fwd_s;
   const T hook_host_s = fetch_bwd_host_s + hooks_s;
   const T bwd_exposed =
@@ -351,7 +361,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const bool pipelined = f.opt_on_cpu > 0.0 && f.opt_pipelined > 0.0;
   if (pipelined) {
     const T back_s = (upload_s + post_gather_s) / f.opt_pipeline_units;
-    const T hidden = coef[kCpuOptOverlapFrac] * bwd_s;
+    const T hidden = coef[kCpuOptOverlapFrac] * bwd_pass_s;
     optimizer_exposed = max0(optimizer_s - hidden);
     tail_s = f.opt_uploads_in_bwd > 0.0
                  ? detail::max2(post_gather_s, max0(detail::max2(optimizer_s, upload_s) - hidden)) + back_s +
