@@ -29,6 +29,11 @@ struct StepFeatures {
   double attn_fwd_flops = 0;       // score and value products as executed (causal half for flash)
   double attn_bwd_flops_mult = 0;  // backward/forward FLOPs of attention (2.5 flash, 2 math)
   double attn_uses_gemm_eff = 0;   // 1 for math attention (runs as batched GEMMs)
+  // Share of the math attention's FLOPs that run in fp32 on the CUDA cores, at the fp32 peak
+  // (fp32_peak_flops_per_s) with the fp32 GEMMs' efficiency: transformers' GPT-J upcasts query
+  // and key, so its QK^T and their gradients (half the score and value products) are fp32.
+  double attn_fp32_flops_frac = 0;
+  double fp32_peak_flops_per_s = 0;
   // Flash kernels: time per FLOP at the model's head dimension relative to a head of 128
   // (attention_head_dim_rel), forward and backward.
   double attn_head_dim_rel_fwd = 1, attn_head_dim_rel_bwd = 1;

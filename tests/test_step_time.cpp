@@ -148,6 +148,34 @@ TEST_CASE("checkpointing recomputes the decoder layers, not the lm_head; the rec
   CHECK(p.time.optimizer_s == doctest::Approx(p.time.optimizer_total_s - window_s).epsilon(1e-9));
 }
 
+TEST_CASE("transformers' GPT-J under a peer: QK^T and its gradients run in fp32 at the fp32 peak, by hand") {
+  const ModelSpec m = model("gpt-j-6b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  CoefVector c = ideal_coefs();
+  c[kFp32GemmEffMaxFrac] = 1.0;
+  TrainConfig cfg = config(2, 2, 1, 1);
+  cfg.engine = Engine::kDeepSpeed;
+  cfg.attention = AttentionKind::kMath;
+  StepFeatures f = make_features(m, hw, cfg).step;
+  CHECK(f.attn_fp32_flops_frac == 0.5);
+  const StepTime<double> with_fp32 = predict_step_time(f, c.data());
+  f.attn_fp32_flops_frac = 0.0;
+  const StepTime<double> all_bf16 = predict_step_time(f, c.data());
+  // Math attention: QK^T and PV are 2 x 2048^2 x 4096 FLOPs each per layer, 28 layers; QK^T's
+  // half moves from 989.4 TFLOP/s (bf16 dense) to 66.9 (fp32), and the backward (twice the
+  // forward's products) moves twice that.
+  const double qk_flops = 2.0 * 2048.0 * 2048.0 * 4096.0 * 28.0;
+  const double extra_s = qk_flops / 66.9e12 - qk_flops / 989.4e12;
+  CHECK(with_fp32.forward_s - all_bf16.forward_s == doctest::Approx(extra_s).epsilon(1e-9));
+  CHECK(with_fp32.backward_s - all_bf16.backward_s == doctest::Approx(2.0 * extra_s).epsilon(1e-9));
+  // Our backend's fused attention and an fp32 run (fp32 throughout) have no such share.
+  cfg.engine = Engine::kStepcast;
+  CHECK(make_features(m, hw, cfg).step.attn_fp32_flops_frac == 0.0);
+  cfg.engine = Engine::kDeepSpeed;
+  cfg.precision = Precision::kFp32;
+  CHECK(make_features(m, hw, cfg).step.attn_fp32_flops_frac == 0.0);
+}
+
 TEST_CASE("a pass takes at least the host time to issue it: the floor of launch-bound micro-batches") {
   const ModelSpec m = model("llama-2-7b");
   const HardwareProfile hw = hardware("h200-sxm");
