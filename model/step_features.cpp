@@ -292,13 +292,14 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // 78 B per score (forward, recompute, backward) at HBM bandwidth is 0.29 s
   // (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_attention.jsonl).
   if (peer_eager_attention) {
-    const bool fp32_scores = transformers_impl(spec).fp32_query_key || wb >= 4.0;
+    const bool fp32_query_key = transformers_impl(spec).fp32_query_key;
+    const bool fp32_scores = fp32_query_key || wb >= 4.0;
     // GPT-J's fp32 query and key make QK^T (2 b s^2 d_attn of the 4 b s^2 d_attn) and, in the
     // backward, its two gradient products fp32 matrix products. Measured with DeepSpeed ZeRO-2 on
     // two H200s, micro-batch 2 at 2048 tokens: 0.189 s forward and 0.358 s backward a
     // micro-batch, where the bf16 count predicted 0.129 and 0.233; 3.9 TFLOP of QK^T at 0.86 of
     // the H200's 67 TFLOP/s fp32 is 0.067 s (data/runs/h200-sxm/2026-12-04_peers_deepspeed_2gpu_recommend.jsonl).
-    if (transformers_impl(spec).fp32_query_key && wb < 4.0) f.attn_fp32_flops_frac = 0.5;
+    if (fp32_query_key && wb < 4.0) f.attn_fp32_flops_frac = 0.5;
     const double scores = b * static_cast<double>(spec.num_heads) * s * s * L;
     f.attn_score_bytes_fwd = scores * (fp32_scores ? 36.0 : 24.0);
     f.attn_score_bytes_bwd = scores * (fp32_scores ? 42.0 : 28.0);

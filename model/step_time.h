@@ -205,16 +205,19 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     gemm_fwd_s += t;
     if (i == kLmHeadGemm) head_gemm_s = t;
   }
-  // Math attention whose QK^T runs in fp32 (attn_fp32_flops_frac): that share at the fp32 peak.
+  // One attention pass, `pass(flops, peak, fp32)`: math attention whose QK^T runs in fp32
+  // (attn_fp32_flops_frac) takes that share of its FLOPs at the fp32 peak.
   const bool math_attn = f.attn_uses_gemm_eff > 0.0;
   const double fp32_share = math_attn ? f.attn_fp32_flops_frac : 0.0;
-  const T attn_fwd_s =
-      (attention_fwd_time_s((1.0 - fp32_share) * f.attn_fwd_flops, f.seq_len, math_attn, f.peak_flops_per_s, coef,
-                            fp32) +
-       (fp32_share > 0.0 ? attention_fwd_time_s(fp32_share * f.attn_fwd_flops, f.seq_len, true,
-                                                f.fp32_peak_flops_per_s, coef, true)
-                         : T(0.0))) *
-      f.attn_head_dim_rel_fwd;
+  const auto attention_s = [&](auto pass) {
+    T t = pass((1.0 - fp32_share) * f.attn_fwd_flops, f.peak_flops_per_s, fp32);
+    if (fp32_share > 0.0) t += pass(fp32_share * f.attn_fwd_flops, f.fp32_peak_flops_per_s, true);
+    return t;
+  };
+  const T attn_fwd_s = attention_s([&](double flops, double peak, bool fp32_pass) {
+                         return attention_fwd_time_s(flops, f.seq_len, math_attn, peak, coef, fp32_pass);
+                       }) *
+                       f.attn_head_dim_rel_fwd;
   const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;
   const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
 
@@ -242,12 +245,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       (1.0 + coef[kWeightGradGemmMult] * f.weight_grad_frac) * gemm_fwd_s +
       coef[kBackwardSlowdownMult] * 2.0 * elementwise_fwd_s +
       adapter_bwd_s +
-      (attention_bwd_time_s((1.0 - fp32_share) * f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult, math_attn,
-                            f.peak_flops_per_s, coef, fp32) +
-       (fp32_share > 0.0 ? attention_bwd_time_s(fp32_share * f.attn_fwd_flops, f.seq_len, f.attn_bwd_flops_mult,
-                                                true, f.fp32_peak_flops_per_s, coef, true)
-                         : T(0.0))) *
-          f.attn_head_dim_rel_bwd +
+      attention_s([&](double flops, double peak, bool fp32_pass) {
+        return attention_bwd_time_s(flops, f.seq_len, f.attn_bwd_flops_mult, math_attn, peak, coef, fp32_pass);
+      }) * f.attn_head_dim_rel_bwd +
       overhead_s + local_gather_s + grad_accum_s + f.attn_score_bytes_bwd / f.hbm_bytes_per_s;
   // The host's time to issue a layer: the engine's (fitted), scaled for a peer by its model
   // implementation's measured cost relative to the profiled families (transformers' Python).
