@@ -121,10 +121,12 @@ SearchResult search_plans(const SearchRequest& req) {
         if (off_par == OffloadDevice::kCpu &&
             (stage != 3 || !req.allow_offload || off_opt != OffloadDevice::kCpu))
           continue;
-        // On one rank, stages 1-3 without offload partition nothing: they are stage 0. FSDP2 has
-        // no stage 0: its stages 2 and 3 are its plans there.
+        // On one rank, the Stepcast backend's stages 1-3 without offload partition nothing: they are
+        // its stage 0. A peer's are plans of their own there: DeepSpeed's ZeRO optimizers keep flat
+        // fp32 partitions and run their gradient hooks (stage 3 its parameter fetches) on one rank
+        // as on many, with other memory and speed than its stage 0; FSDP2 has no stage 0.
         if (world == 1 && stage > 0 && off_opt == OffloadDevice::kNone && off_par == OffloadDevice::kNone &&
-            req.base.engine != Engine::kFsdp2) {
+            req.base.engine == Engine::kStepcast) {
           skipped_single_rank = true;
           continue;
         }

@@ -333,3 +333,29 @@ TEST_CASE("the plans within the model's typical error of the top plan are counte
     CHECK(noted == (res.tied_with_top > 1));
   }
 }
+
+TEST_CASE("on one GPU a peer's stages 1-3 without offload are plans; the Stepcast backend's are its stage 0") {
+  // DeepSpeed with its AdamW on one H200, llama-2-7b, global batch 64: stage 0 holds bf16 weights,
+  // fp32 gradients (its bf16 optimizer) and 12 B of fp32 master weights and moments, over 16 B a
+  // parameter (108 GB) before activations; ZeRO-3 keeps the fp32 states in one flat partition and
+  // fetches the bf16 weights by module. Measured by DeepSpeed 0.14.5 on one H200 at micro-batch 8,
+  // checkpointed: 123.0 GiB reserved (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_holdout2.jsonl).
+  // Its stage 3 without offload must be searched and, fitting, rank above the CPU-offloaded plans.
+  SearchRequest r = request("llama-2-7b", 1);
+  r.base.engine = Engine::kDeepSpeed;
+  r.optimizers = {OptimizerKind::kAdamW};
+  SearchResult res = search_plans(r);
+  REQUIRE(!res.ranked.empty());
+  const TrainConfig& top = res.ranked.front().config;
+  CHECK(top.zero_stage == 3);
+  CHECK(top.offload_optimizer == OffloadDevice::kNone);
+  for (const auto& n : res.notes) CHECK(n.find("partition nothing") == std::string::npos);
+  // The Stepcast backend on one GPU: no stage 1-3 plan without offload (each equals its stage 0).
+  SearchRequest s = request("llama-2-7b", 1);
+  SearchResult sres = search_plans(s);
+  for (const auto& p : sres.ranked)
+    CHECK((p.config.zero_stage == 0 || p.config.offload_optimizer == OffloadDevice::kCpu));
+  bool noted = false;
+  for (const auto& n : sres.notes) noted |= n.find("partition nothing") != std::string::npos;
+  CHECK(noted);
+}
