@@ -25,13 +25,6 @@ HardwareProfile fold_profile(const HardwareProfile& hw, const std::string& base_
   return fitted_profile(hw, base_text, cal, cc);
 }
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
-  return v[std::min(i, v.size() - 1)];
-}
-
 nlohmann::json error_stats(const std::vector<double>& abs_frac) {
   double sum = 0, mx = 0;
   for (double e : abs_frac) {
@@ -39,7 +32,7 @@ nlohmann::json error_stats(const std::vector<double>& abs_frac) {
     mx = std::max(mx, e);
   }
   const double n = static_cast<double>(abs_frac.size());
-  return {{"mean", abs_frac.empty() ? 0.0 : 100 * sum / n}, {"p90", 100 * percentile(abs_frac, 0.9)}, {"max", 100 * mx}};
+  return {{"mean", abs_frac.empty() ? 0.0 : 100 * sum / n}, {"p90", 100 * nearest_rank_percentile(abs_frac, 0.9)}, {"max", 100 * mx}};
 }
 
 std::string offload_of(const RunRecord& r) { return offload_label(r.config); }

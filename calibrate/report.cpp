@@ -10,6 +10,7 @@
 
 #include "common/atomic_file.h"
 #include "common/errors.h"
+#include "common/stats.h"
 #include "common/units.h"
 #include "model/prediction.h"
 
@@ -19,6 +20,8 @@ namespace fs = std::filesystem;
 
 // The text table lists this many of the worst leave-one-configuration-out predictions.
 constexpr size_t kLocoRowsShown = 10;
+// ... and this many of the configurations whose calls disagree most.
+constexpr size_t kRepeatRowsShown = 5;
 
 std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const HardwareProfile& hw, double holdout_frac,
                               uint64_t seed) {
@@ -112,6 +115,57 @@ std::string svg_plot(const std::vector<Row>& rows, const std::string& title) {
   return s.str();
 }
 
+nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
+                                    const std::function<bool(const RunRecord&)>& launch_bound_of) {
+  struct Repeat {
+    const RunRecord* run;
+    bool launch_bound;
+    double spread_frac;
+    std::vector<double> dev_frac;  // |file median / pooled median - 1|, one per file
+  };
+  std::vector<Repeat> repeats;
+  for (const RunRecord& r : runs) {
+    if (r.step_s_by_file.size() < 2 || !(r.step_s > 0)) continue;
+    const auto [lo, hi] = std::minmax_element(r.step_s_by_file.begin(), r.step_s_by_file.end());
+    if (!(*lo > 0)) continue;
+    Repeat rep{&r, launch_bound_of(r), *hi / *lo - 1, {}};
+    for (double m : r.step_s_by_file) rep.dev_frac.push_back(std::abs(m / r.step_s - 1));
+    repeats.push_back(std::move(rep));
+  }
+  const auto summary = [&](int cls) {  // cls: -1 all, 0 GPU-bound, 1 launch-bound
+    std::vector<double> spread, dev;
+    for (const Repeat& rep : repeats) {
+      if (cls >= 0 && rep.launch_bound != (cls == 1)) continue;
+      spread.push_back(rep.spread_frac);
+      dev.insert(dev.end(), rep.dev_frac.begin(), rep.dev_frac.end());
+    }
+    double spread_sum = 0, dev_sum = 0;
+    for (double v : spread) spread_sum += v;
+    for (double v : dev) dev_sum += v;
+    return nlohmann::json{
+        {"configurations", spread.size()},
+        {"measurements", dev.size()},
+        {"step_time_spread_mean_pct", spread.empty() ? 0.0 : 100 * spread_sum / static_cast<double>(spread.size())},
+        {"step_time_spread_p90_pct", 100 * nearest_rank_percentile(spread, 0.9)},
+        {"step_time_spread_max_pct", spread.empty() ? 0.0 : 100 * *std::max_element(spread.begin(), spread.end())},
+        {"step_time_call_mean_abs_pct_dev", dev.empty() ? 0.0 : 100 * dev_sum / static_cast<double>(dev.size())},
+        {"step_time_call_max_abs_pct_dev", dev.empty() ? 0.0 : 100 * *std::max_element(dev.begin(), dev.end())}};
+  };
+  nlohmann::json out = summary(-1);
+  out["gpu_bound"] = summary(0);
+  out["launch_bound"] = summary(1);
+  std::stable_sort(repeats.begin(), repeats.end(),
+                   [](const Repeat& a, const Repeat& b) { return a.spread_frac > b.spread_frac; });
+  out["runs"] = nlohmann::json::array();
+  for (const Repeat& rep : repeats)
+    out["runs"].push_back({{"key", rep.run->key},
+                           {"launch_bound", rep.launch_bound},
+                           {"step_s", rep.run->step_s},
+                           {"step_s_by_file", rep.run->step_s_by_file},
+                           {"spread_pct", 100 * rep.spread_frac}});
+  return out;
+}
+
 std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
   std::vector<fs::path> out(v.begin(), v.end());
   if (out.empty()) throw InputError("--runs names no file");
@@ -158,6 +212,8 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                       {"holdout", summarize(rows, true)},
                       {"runs", nlohmann::json::array()},
                       {"micro", {{"by_bench", micro_summary(micro, hw)}, {"records", nlohmann::json::array()}}}};
+  j["repeatability"] = repeatability_report(
+      runs, [&](const RunRecord& r) { return launch_bound(evaluate(r.model, hw, r.config).time.host_issue_ratio); });
   if (cross_validator && runs.size() >= 2) j.update(cross_validator(runs, micro, hw));
   for (const auto& r : micro)
     j["micro"]["records"].push_back({{"bench", micro_bench_name(r.bench)},
@@ -230,6 +286,36 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
       std::printf("%-62s %8.3f %8.3f %+8.1f %+8.1f %8s %7d\n", r["key"].get<std::string>().c_str(),
                   r["measured_step_s"].get<double>(), r["predicted_step_s"].get<double>(), r["step_error_pct"].get<double>(),
                   r["memory_error_pct"].get<double>(), host_err, r["unseen_dimensions"].get<int>());
+    }
+  }
+  if (const nlohmann::json& rep = j["repeatability"]; rep["configurations"].get<int>() > 0) {
+    std::printf("\ntest-retest: configurations measured by two or more runs files (calls, often other machines);\n"
+                "spread: largest file median over smallest, less 1; off pooled: a file median's distance from the\n"
+                "configuration's median over all its steps (the error of a model exact on it, against one call)\n");
+    std::printf("%-34s %7s %7s %11s %11s %11s %11s %11s\n", "configurations", "configs", "calls", "spread mean",
+                "spread p90", "spread max", "off mean", "off max");
+    std::printf("%-34s %7s %7s %11s %11s %11s %11s %11s\n", "", "", "", "%", "%", "%", "%", "%");
+    const auto line = [](const char* name, const nlohmann::json& s) {
+      std::printf("%-34s %7d %7d %11.1f %11.1f %11.1f %11.1f %11.1f\n", name, s["configurations"].get<int>(),
+                  s["measurements"].get<int>(), s["step_time_spread_mean_pct"].get<double>(),
+                  s["step_time_spread_p90_pct"].get<double>(), s["step_time_spread_max_pct"].get<double>(),
+                  s["step_time_call_mean_abs_pct_dev"].get<double>(), s["step_time_call_max_abs_pct_dev"].get<double>());
+    };
+    line("all", rep);
+    line("  GPU-bound", rep["gpu_bound"]);
+    line("  launch-bound", rep["launch_bound"]);
+    const size_t shown = std::min<size_t>(rep["runs"].size(), kRepeatRowsShown);
+    std::printf("the %zu that moved most (all of them under --json: repeatability.runs)\n", shown);
+    for (size_t i = 0; i < shown; ++i) {
+      const nlohmann::json& r = rep["runs"][i];
+      std::string by_file;
+      for (const auto& m : r["step_s_by_file"]) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%.3f", by_file.empty() ? "" : " ", m.get<double>());
+        by_file += buf;
+      }
+      std::printf("%-62s %7.1f %%  %s s%s\n", r["key"].get<std::string>().c_str(), r["spread_pct"].get<double>(),
+                  by_file.c_str(), r["launch_bound"].get<bool>() ? "  (launch-bound)" : "");
     }
   }
   if (j.contains("coefficients")) {

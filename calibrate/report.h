@@ -31,6 +31,17 @@ nlohmann::json summarize(const std::vector<Row>& rows, bool holdout);
 nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw);
 std::string svg_plot(const std::vector<Row>& rows, const std::string& title);
 
+// Test-retest: how far each configuration's step time moves between the runs files that measured
+// it (each file one call, often on another machine of the kind), over the configurations that
+// two or more files measured. Per configuration: the spread, largest file median over smallest,
+// less 1; and each file median's distance from the configuration's pooled median (step_s), the
+// error a model exact on that median makes against one call. Summaries (mean, p90, max in %) for
+// all such configurations and for the launch-bound and GPU-bound ones apart (`launch_bound_of`,
+// the interval's classes); "runs" lists each, largest spread first. The floor under the
+// cross-validated errors of the same configurations.
+nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
+                                    const std::function<bool(const RunRecord&)>& launch_bound_of);
+
 // --runs as paths; InputError when it names none.
 std::vector<std::filesystem::path> to_paths(const std::vector<std::string>& v);
 

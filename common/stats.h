@@ -16,6 +16,14 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The nearest-rank percentile: the ceil(q n)-th smallest of n values (q in (0, 1]); 0 for none.
+inline double nearest_rank_percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(std::max<size_t>(rank, 1), v.size()) - 1];
+}
+
 // Kendall's tau-b rank correlation of paired samples (Kendall 1945): (concordant - discordant)
 // pairs over sqrt((pairs - ties in x) (pairs - ties in y)). 1: the same order, -1: reversed;
 // 0 when fewer than two pairs or one side is constant.

@@ -11,6 +11,7 @@
 #include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
 #include "calibrate/micro_record.h"
+#include "calibrate/report.h"
 #include "calibrate/run_record.h"
 #include "common/errors.h"
 #include "common/hash.h"
@@ -681,4 +682,46 @@ TEST_CASE("run records: a configuration measured in two files keeps each file's 
   CHECK(runs[0].step_s_by_file[0] == doctest::Approx(1.1));
   CHECK(runs[0].step_s_by_file[1] == doctest::Approx(1.6));
   CHECK(step_measurements_s(runs[0]) == runs[0].step_s_by_file);
+}
+
+TEST_CASE("test-retest: spreads and distances from the pooled median, by hand, by interval class") {
+  // Three configurations (their keys tell the classes apart):
+  //   A: files 1.0 and 1.2 s, pooled 1.1 s: spread 1.2 / 1.0 - 1 = 20 %; off pooled 1/11 and 1/11 (9.0909 %);
+  //   B: files 2.0, 1.8 and 2.2 s, pooled 2.0 s: spread 2.2 / 1.8 - 1 = 22.222 %; off 0, 10 %, 10 %;
+  //   C: one file only: not a repeat.
+  // All: 2 configurations, 5 calls; spread mean 21.111 %, p90 (nearest rank: the 2nd of 2) 22.222 %,
+  // max 22.222 %; off mean (2 x 9.0909 + 0 + 10 + 10) / 5 = 7.6364 %, max 10 %.
+  // A is launch-bound, B is not.
+  RunRecord a, b, c;
+  a.key = "A";
+  a.step_s = 1.1;
+  a.step_s_by_file = {1.0, 1.2};
+  b.key = "B";
+  b.step_s = 2.0;
+  b.step_s_by_file = {2.0, 1.8, 2.2};
+  c.key = "C";
+  c.step_s = 3.0;
+  c.step_s_by_file = {3.0};
+  const nlohmann::json j =
+      repeatability_report({a, b, c}, [](const RunRecord& r) { return r.key == "A"; });
+  CHECK(j["configurations"].get<int>() == 2);
+  CHECK(j["measurements"].get<int>() == 5);
+  CHECK(j["step_time_spread_mean_pct"].get<double>() == doctest::Approx(21.1111).epsilon(1e-4));
+  CHECK(j["step_time_spread_p90_pct"].get<double>() == doctest::Approx(22.2222).epsilon(1e-4));
+  CHECK(j["step_time_spread_max_pct"].get<double>() == doctest::Approx(22.2222).epsilon(1e-4));
+  CHECK(j["step_time_call_mean_abs_pct_dev"].get<double>() == doctest::Approx(7.63636).epsilon(1e-4));
+  CHECK(j["step_time_call_max_abs_pct_dev"].get<double>() == doctest::Approx(10.0).epsilon(1e-6));
+  CHECK(j["launch_bound"]["configurations"].get<int>() == 1);
+  CHECK(j["launch_bound"]["step_time_spread_max_pct"].get<double>() == doctest::Approx(20.0).epsilon(1e-6));
+  CHECK(j["gpu_bound"]["configurations"].get<int>() == 1);
+  CHECK(j["gpu_bound"]["step_time_call_mean_abs_pct_dev"].get<double>() == doctest::Approx(20.0 / 3).epsilon(1e-4));
+  // Largest spread first.
+  REQUIRE(j["runs"].size() == 2);
+  CHECK(j["runs"][0]["key"] == "B");
+  CHECK(j["runs"][1]["launch_bound"].get<bool>());
+  // None measured twice: zeros, no runs.
+  const nlohmann::json none = repeatability_report({c}, [](const RunRecord&) { return false; });
+  CHECK(none["configurations"].get<int>() == 0);
+  CHECK(none["step_time_spread_max_pct"].get<double>() == 0.0);
+  CHECK(none["runs"].empty());
 }
