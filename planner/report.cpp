@@ -192,6 +192,13 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   return j;
 }
 
+namespace {
+// An FSDP2 plan that reduces after every micro-batch of its accumulation (the table marks its GAS).
+bool syncs_each_micro(const TrainConfig& c) {
+  return c.engine == Engine::kFsdp2 && c.gas > 1 && c.grad_sync_each_micro;
+}
+}  // namespace
+
 std::string plans_table(const std::vector<Prediction>& plans, const ReportContext& ctx) {
   std::vector<std::string> header = {"#",        "stage",     "offload", "optim",      "ckpt",
                                      "micro",    "GAS",       "GAS time", "OPT time",  "step", "±95%",
@@ -217,7 +224,7 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
         c.activation_checkpointing ? "on" : "off",
         std::to_string(c.micro_batch) +
             (ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len) ? "!" : ""),
-        std::to_string(c.gas),
+        std::to_string(c.gas) + (syncs_each_micro(c) ? "e" : ""),
         c.gas > 1 ? fmt("%.3f", p.time.gas_s) : "n/a*",
         fmt("%.3f", p.time.opt_s),
         fmt("%.3f", p.time.step_s),
@@ -241,6 +248,11 @@ std::string plans_table(const std::vector<Prediction>& plans, const ReportContex
   bool any_gas1 = false;
   for (const auto& p : plans) any_gas1 |= p.config.gas == 1;
   if (any_gas1) out += "* GAS = 1: the GAS/OPT split is undefined; the whole step is OPT time.\n";
+  bool any_each = false;
+  for (const auto& p : plans) any_each |= syncs_each_micro(p.config);
+  if (any_each)
+    out += "e: FSDP2 reduce-scatters the gradients after every micro-batch (--grad-sync each); without the e, "
+           "after the last one only (--grad-sync last)\n";
   bool any_unknown = false;
   for (const auto& p : plans) any_unknown |= p.step_std_s <= 0;
   if (any_unknown) out += "±95%: ? = no coefficient covariance (profile not calibrated)\n";
