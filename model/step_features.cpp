@@ -619,6 +619,23 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                                 : std::min(kDeepSpeedSubGroupElems, trainable / n);
     mem.gpu_grads_bytes += (4.0 + wb) * step_grad_elems;
   }
+  // FSDP2 (fully_shard with the mixed-precision policy we write) keeps each parameter's shard in
+  // fp32 as the optimizer's parameter (no master copy beside it) and its sharded gradient in fp32
+  // (the reduce dtype), and computes on an unsharded copy in the compute dtype that each all-gather
+  // writes to a buffer of its own, on one rank too (torch/distributed/fsdp/_fully_shard/
+  // _fsdp_param.py: _sharded_param_data, init_all_gather_outputs). Stage 3 (reshard_after_forward)
+  // frees each unit's copy after use (the gather buffers below); stage 2 keeps every unit's from
+  // its forward to its backward, wb a parameter on every rank. Per parameter: 16 B / n at stage 3,
+  // as before; 16 B / n + wb at stage 2, where 16-bit weights, 16-bit gradient shards and 12 B of
+  // master weights and moments had given wb + 14 B / n. Measured on one H200 at stage 2, the
+  // reserve was 6.3-16 GiB (1.9-2.4 B a parameter) above that for pythia-2.8b, mistral-7b and
+  // llama-2-7b, and llama-2-7b at micro-batch 2, GAS 32 ran out of the card's 139.8 GiB where
+  // 125.8 GiB had been predicted (data/runs/h200-sxm/2026-12-04_peers_fsdp2_1gpu_recommend_7b.jsonl).
+  const bool fsdp2_shards = c.engine == Engine::kFsdp2 && !offload_opt && !peft && (stage == 2 || stage == 3);
+  if (fsdp2_shards) {
+    mem.gpu_params_bytes = 4.0 * trainable / n + (stage == 2 ? wb * trainable : 0.0);
+    mem.gpu_grads_bytes = 4.0 * trainable / n;
+  }
   // FSDP2 without gradient sync on the micro-batches before the last (set_requires_gradient_sync
   // (False), as the harness and Accelerate's accumulation run it; grad_sync_each_micro off) keeps every parameter's whole,
   // unsharded gradient cast to the reduce dtype, fp32 in the policy we write, until the last
@@ -629,6 +646,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // (data/runs/h200-sxm/2026-12-02_peers_fsdp2_1gpu_holdout.jsonl).
   if (c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro) mem.gpu_grads_bytes += 4.0 * trainable;
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
+  if (fsdp2_shards) {  // the fp32 shard above is the master copy
+    const double master = optimizer_state_bytes_per_param(c.optimizer, c.precision) -
+                          optimizer_state_bytes_per_param(c.optimizer, Precision::kFp32);
+    mem.gpu_opt_states_bytes = (state_bytes - master) * trainable / n;
+  }
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
   if (stage == 3) {

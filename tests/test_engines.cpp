@@ -774,7 +774,7 @@ TEST_CASE("FSDP2 accumulating without sync holds every parameter's whole fp32 gr
   c.gpus_per_node = 2;
   c.gas = 1;
   const double shard_only = make_features(m, hw, c).memory.gpu_grads_bytes;
-  CHECK(test::close(shard_only, 2.0 * P / 2.0, 1e-12));
+  CHECK(test::close(shard_only, 4.0 * P / 2.0, 1e-12));  // the rank's fp32 gradient shard
   c.gas = 4;
   CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, shard_only + 4.0 * P, 1e-12));
   // Its reduce-scatter then runs once, on the last micro-batch.

@@ -463,3 +463,37 @@ TEST_CASE("DeepSpeed ZeRO-1/2 with CPU offload keeps 4 B of cache per partition 
   s3.offload_pipeline = false;
   CHECK(make_features(m, hw, s3).memory.gpu_releasable_cache_bytes == 0.0);
 }
+
+TEST_CASE("FSDP2 model states: fp32 shards as the master copy, fp32 gradient shards, stage 2's unsharded bf16 copy") {
+  // llama-2-7b, bf16, AdamW, n ranks (T trainable parameters). fully_shard keeps an fp32 shard
+  // (4 T / n, the optimizer's parameter), an fp32 gradient shard (4 T / n) and the moments
+  // (8 T / n); stage 2 keeps every unit's unsharded bf16 copy from forward to backward (2 T).
+  // Stage 2: 16 T / n + 2 T in all; stage 3: 16 T / n (its gathered units are buffers).
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double T = static_cast<double>(m.total_params());
+  for (int n : {1, 2}) {
+    for (int stage : {2, 3}) {
+      TrainConfig c = config(stage, 1);
+      c.engine = Engine::kFsdp2;
+      c.gpus_per_node = n;
+      const MemoryFeatures mem = make_features(m, hw, c).memory;
+      CHECK(mem.gpu_params_bytes == doctest::Approx(4.0 * T / n + (stage == 2 ? 2.0 * T : 0.0)));
+      CHECK(mem.gpu_grads_bytes == doctest::Approx(4.0 * T / n));
+      CHECK(mem.gpu_opt_states_bytes == doctest::Approx(8.0 * T / n));
+    }
+  }
+  // fp32: no master copy either way, and stage 2's unsharded copy is fp32 (4 T).
+  TrainConfig c = config(2, 1);
+  c.engine = Engine::kFsdp2;
+  c.precision = Precision::kFp32;
+  const MemoryFeatures fp32 = make_features(m, hw, c).memory;
+  CHECK(fp32.gpu_params_bytes == doctest::Approx(4.0 * T + 4.0 * T));
+  CHECK(fp32.gpu_opt_states_bytes == doctest::Approx(8.0 * T));
+  // Our backend's stage 2 on one rank is unchanged: 2 T of bf16 weights, 2 T of gradients, 12 T.
+  c = config(2, 1);
+  const MemoryFeatures ours = make_features(m, hw, c).memory;
+  CHECK(ours.gpu_params_bytes == doctest::Approx(2.0 * T));
+  CHECK(ours.gpu_grads_bytes == doctest::Approx(2.0 * T));
+  CHECK(ours.gpu_opt_states_bytes == doctest::Approx(12.0 * T));
+}
