@@ -310,6 +310,7 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   //                        2026-12-04_qlora_70b_remeasure_1gpu.jsonl 2026-12-04_fp32_span_1gpu.jsonl
   //                        2026-12-04_uploads_in_backward_1gpu.jsonl 2026-12-04_recompute_window_holdout_1gpu.jsonl
   //                        2026-12-04_two_gpu_holdout.jsonl 2026-12-04_stepcast_2gpu_recommend_6b.jsonl
+  //                        2026-12-04_repeat_sample_1gpu.jsonl 2026-12-04_stepcast_1gpu_recommend_7b.jsonl
   //                        --hardware h200-sxm --holdout-frac 0
   // leaving out the records data/runs/h200-sxm/superseded.toml names
   // (every configuration: cross-validation is the held-out measure): the component fit on the
@@ -317,7 +318,7 @@ TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   // refit both stages from them and compare.
   const HardwareProfile committed = test::hardware("h200-sxm");
   REQUIRE(committed.coefs_calibrated);
-  REQUIRE(committed.calibration_runs.size() == 36);
+  REQUIRE(committed.calibration_runs.size() == 38);
   std::vector<fs::path> files;
   for (const std::string& r : committed.calibration_runs) files.push_back(test::data_dir() / r);
   const auto runs = load_runs(files, test::data_dir());
