@@ -20,6 +20,7 @@
 
 #include "common/cli.h"
 #include "common/errors.h"
+#include "common/host_cpu.h"
 #include "common/run_main.h"
 #include "common/text_file.h"
 #include "common/units.h"
@@ -246,7 +247,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
                         {"git_commit", STEPCAST_GIT_COMMIT},
                         {"world_size", rv.world},
                         {"data", tokens.description()},
-                        {"host_op_us", host_op_us(*rt)}};
+                        {"host_op_us", host_op_us(*rt)},
+                        {"cpu_mhz", mean_cpu_mhz()}};
   if (cfg.offload_optimizer == OffloadDevice::kCpu) {
     env["cpu_optimizer"] = {{"threads", cpu_threads()},
                             {"simd", simd_name(selected_simd())},
@@ -290,12 +292,14 @@ int run_rank(const Flags& f, const CLI::App& app) {
       std::_Exit(7);  // abrupt, as a crashed rank: no destructors, no goodbye to the other ranks
     }
     StepResult r;  // its memory peaks are the step's own: train_step resets the allocator's
+    const std::optional<CpuTicks> ticks_before = read_proc_stat();
     try {
       r = engine->train_step(micro);
     } catch (const c10::Error& e) {
       if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
       throw OutOfMemoryError(out_of_memory_message(rv.rank, "at step " + std::to_string(step), pred, *rt));
     }
+    const std::optional<CpuTicks> ticks_after = read_proc_stat();
     const double tps = tokens_per_step / r.time.step_s;
     const double mfu_frac = hw ? mfu(tps, flops_per_token, rv.world, hw->gpu.peak_flops_per_s(cfg.precision)) : 0.0;
     const double peak = r.memory.gpu_peak_allocated_bytes(), reserved = r.memory.gpu_peak_reserved_bytes;
@@ -331,6 +335,10 @@ int run_rank(const Flags& f, const CLI::App& app) {
                            {"host_rss", host_rss_bytes()}, {"host_peak_rss", host_peak_rss_bytes()}};
       if (f.gpu_mem_limit_gib != 0) j["memory_bytes"]["gpu_limit"] = f.gpu_mem_limit_gib * kBytesPerGiB;
       j["allocator"] = {{"alloc_retries_total", rt->alloc_retries()}};
+      if (ticks_before && ticks_after) {
+        const CpuShare share = cpu_share(*ticks_before, *ticks_after);
+        j["host_cpu"] = {{"steal_frac", share.steal_frac}, {"busy_frac", share.busy_frac}};
+      }
       if (pred) {
         j["predicted"] = {{"hardware", hw->name}, {"calibrated", hw->coefs_calibrated},
                           {"step_s", pred->time.step_s}, {"tokens_per_s", pred->throughput.tokens_per_s},

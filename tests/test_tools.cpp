@@ -5,6 +5,7 @@
 #include "doctest_after_glog.h"
 
 #include "backend_test_util.h"
+#include "common/host_cpu.h"
 #include "common/text_file.h"
 
 using namespace stepcast;
@@ -106,6 +107,14 @@ TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL
       const double us = j["env"]["host_op_us"].get<double>();
       CHECK(us > 0.0);
       CHECK(us < 1000.0);
+      // The step's share of the host's CPU ticks stolen by the hypervisor and busy (proc(5)), and
+      // the CPUs' clock at the start.
+      REQUIRE(j.contains("host_cpu"));
+      CHECK(j["host_cpu"]["steal_frac"].get<double>() >= 0.0);
+      CHECK(j["host_cpu"]["steal_frac"].get<double>() <= 1.0);
+      CHECK(j["host_cpu"]["busy_frac"].get<double>() > 0.0);  // the step itself ran on them
+      CHECK(j["host_cpu"]["busy_frac"].get<double>() <= 1.0);
+      CHECK(j["env"]["cpu_mhz"].get<double>() >= 0.0);
       // And the caching allocator's retries so far: none on the CPU.
       REQUIRE(j.contains("allocator"));
       CHECK(j["allocator"]["alloc_retries_total"].get<double>() == 0.0);
@@ -181,4 +190,25 @@ TEST_CASE("calibrate measure passes flags as arguments, never through a shell") 
                                           log, log);
   CHECK(good.exit_status == 0);
   CHECK(calibrate::load_runs({dir / "out" / "runs.jsonl"}, test::data_dir()).size() == 1);
+}
+
+TEST_CASE("host CPU ticks: /proc/stat's aggregate line, steal and busy shares between two samples, by hand") {
+  // proc(5): cpu user nice system idle iowait irq softirq steal guest guest_nice.
+  const std::string a = "cpu  100 0 50 800 10 0 0 40 7 0\ncpu0 50 0 25 400 5 0 0 20 0 0\nintr 1\n";
+  const std::string b = "cpu  160 0 70 1000 20 0 0 90 9 0\ncpu0 80 0 35 500 10 0 0 45 0 0\n";
+  const auto before = parse_proc_stat(a), after = parse_proc_stat(b);
+  REQUIRE(before);
+  REQUIRE(after);
+  CHECK(before->total() == 1000.0);  // 100 + 50 + 800 + 10 + 40; guest is inside user
+  // Between them: 60 user + 20 system + 200 idle + 10 iowait + 50 steal = 340 ticks; steal 50/340,
+  // busy (340 - 210 idle/iowait - 50 steal) / 340 = 80/340.
+  const CpuShare share = cpu_share(*before, *after);
+  CHECK(share.steal_frac == doctest::Approx(50.0 / 340.0));
+  CHECK(share.busy_frac == doctest::Approx(80.0 / 340.0));
+  CHECK(cpu_share(*before, *before).steal_frac == 0.0);
+  CHECK_FALSE(parse_proc_stat("cpu0 1 2 3\n"));
+  CHECK_FALSE(parse_proc_stat("cpu  1 2 3\n"));  // too few fields
+  CHECK(mean_cpu_mhz_of("processor : 0\ncpu MHz\t\t: 2100.000\nprocessor : 1\ncpu MHz\t\t: 2300.5\n") ==
+        doctest::Approx(2200.25));
+  CHECK(mean_cpu_mhz_of("processor : 0\n") == 0.0);
 }

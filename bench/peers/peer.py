@@ -44,6 +44,33 @@ def fail(msg):
     sys.exit(2)
 
 
+def cpu_ticks():
+    """The aggregate line of /proc/stat (proc(5)): user nice system idle iowait irq softirq steal,
+    clock ticks since boot; None where there is none. Between a step's two samples the share stolen
+    by the hypervisor and the share busy tell a busy host from a slow one (common/host_cpu.h holds
+    the same for train)."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("cpu "):
+                    v = [float(x) for x in line.split()[1:9]]
+                    return v if len(v) == 8 else None
+    except OSError:
+        return None
+    return None
+
+
+def cpu_share(before, after):
+    if before is None or after is None:
+        return None
+    total = sum(after) - sum(before)
+    if total <= 0:
+        return {"steal_frac": 0.0, "busy_frac": 0.0}
+    steal = after[7] - before[7]
+    idle = (after[3] + after[4]) - (before[3] + before[4])
+    return {"steal_frac": steal / total, "busy_frac": (total - idle - steal) / total}
+
+
 def host_op_us():
     """The host's time to issue one small in-place op on this rank's GPU from Python, microseconds:
     the median of five rounds of 256 adds (after one round of warm-up), each timed without waiting
@@ -426,6 +453,7 @@ def main():
         fwd = bwd = opt_s = gas_s = 0.0
         torch.cuda.synchronize()
         dist.barrier()
+        ticks_before = cpu_ticks()
         t_start = time.perf_counter()
         for m in range(gas):
             last = m == gas - 1
@@ -439,6 +467,7 @@ def main():
                 gas_s += time.perf_counter() - t0
         torch.cuda.synchronize()
         step_s = time.perf_counter() - t_start
+        host_cpu = cpu_share(ticks_before, cpu_ticks())
         # Every rank's numbers: the slowest rank's step and the largest peak are the job's.
         t = torch.tensor([step_s, gas_s, fwd, bwd, opt_s, torch.cuda.max_memory_reserved(),
                           torch.cuda.max_memory_allocated(),
@@ -460,6 +489,8 @@ def main():
                "throughput": {"tokens_per_s": tps, "mfu": tps * flops_per_token / (world * peak_flops),
                               "world_samples_per_s": tokens_per_step / seq / step_s},
                "env": env}
+        if host_cpu is not None:
+            rec["host_cpu"] = host_cpu
         if a.hardware:
             rec["hardware"] = a.hardware
         if rank == 0:
