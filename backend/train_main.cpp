@@ -292,14 +292,14 @@ int run_rank(const Flags& f, const CLI::App& app) {
       std::_Exit(7);  // abrupt, as a crashed rank: no destructors, no goodbye to the other ranks
     }
     StepResult r;  // its memory peaks are the step's own: train_step resets the allocator's
-    const std::optional<CpuTicks> ticks_before = read_proc_stat();
+    const std::optional<CpuTicks> ticks_before = write_jsonl ? read_proc_stat() : std::nullopt;
     try {
       r = engine->train_step(micro);
     } catch (const c10::Error& e) {
       if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
       throw OutOfMemoryError(out_of_memory_message(rv.rank, "at step " + std::to_string(step), pred, *rt));
     }
-    const std::optional<CpuTicks> ticks_after = read_proc_stat();
+    const std::optional<CpuTicks> ticks_after = write_jsonl ? read_proc_stat() : std::nullopt;
     const double tps = tokens_per_step / r.time.step_s;
     const double mfu_frac = hw ? mfu(tps, flops_per_token, rv.world, hw->gpu.peak_flops_per_s(cfg.precision)) : 0.0;
     const double peak = r.memory.gpu_peak_allocated_bytes(), reserved = r.memory.gpu_peak_reserved_bytes;

@@ -26,13 +26,8 @@ HardwareProfile fold_profile(const HardwareProfile& hw, const std::string& base_
 }
 
 nlohmann::json error_stats(const std::vector<double>& abs_frac) {
-  double sum = 0, mx = 0;
-  for (double e : abs_frac) {
-    sum += e;
-    mx = std::max(mx, e);
-  }
-  const double n = static_cast<double>(abs_frac.size());
-  return {{"mean", abs_frac.empty() ? 0.0 : 100 * sum / n}, {"p90", 100 * nearest_rank_percentile(abs_frac, 0.9)}, {"max", 100 * mx}};
+  const MeanP90Max s = mean_p90_max(abs_frac, 100.0);
+  return {{"mean", s.mean}, {"p90", s.p90}, {"max", s.max}};
 }
 
 std::string offload_of(const RunRecord& r) { return offload_label(r.config); }

@@ -139,17 +139,14 @@ nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
       spread.push_back(rep.spread_frac);
       dev.insert(dev.end(), rep.dev_frac.begin(), rep.dev_frac.end());
     }
-    double spread_sum = 0, dev_sum = 0;
-    for (double v : spread) spread_sum += v;
-    for (double v : dev) dev_sum += v;
-    return nlohmann::json{
-        {"configurations", spread.size()},
-        {"measurements", dev.size()},
-        {"step_time_spread_mean_pct", spread.empty() ? 0.0 : 100 * spread_sum / static_cast<double>(spread.size())},
-        {"step_time_spread_p90_pct", 100 * nearest_rank_percentile(spread, 0.9)},
-        {"step_time_spread_max_pct", spread.empty() ? 0.0 : 100 * *std::max_element(spread.begin(), spread.end())},
-        {"step_time_call_mean_abs_pct_dev", dev.empty() ? 0.0 : 100 * dev_sum / static_cast<double>(dev.size())},
-        {"step_time_call_max_abs_pct_dev", dev.empty() ? 0.0 : 100 * *std::max_element(dev.begin(), dev.end())}};
+    const MeanP90Max s = mean_p90_max(spread, 100.0), d = mean_p90_max(dev, 100.0);
+    return nlohmann::json{{"configurations", spread.size()},
+                          {"measurements", dev.size()},
+                          {"step_time_spread_mean_pct", s.mean},
+                          {"step_time_spread_p90_pct", s.p90},
+                          {"step_time_spread_max_pct", s.max},
+                          {"step_time_call_mean_abs_pct_dev", d.mean},
+                          {"step_time_call_max_abs_pct_dev", d.max}};
   };
   nlohmann::json out = summary(-1);
   out["gpu_bound"] = summary(0);

@@ -24,6 +24,19 @@ inline double nearest_rank_percentile(std::vector<double> v, double q) {
   return v[std::min(std::max<size_t>(rank, 1), v.size()) - 1];
 }
 
+// Mean, nearest-rank 90th percentile and largest of n values, each times `scale` (100: fractions
+// as percent); zeros for none.
+struct MeanP90Max {
+  double mean = 0, p90 = 0, max = 0;
+};
+inline MeanP90Max mean_p90_max(const std::vector<double>& v, double scale = 1.0) {
+  if (v.empty()) return {};
+  double sum = 0;
+  for (double x : v) sum += x;
+  return {scale * sum / static_cast<double>(v.size()), scale * nearest_rank_percentile(v, 0.9),
+          scale * *std::max_element(v.begin(), v.end())};
+}
+
 // Kendall's tau-b rank correlation of paired samples (Kendall 1945): (concordant - discordant)
 // pairs over sqrt((pairs - ties in x) (pairs - ties in y)). 1: the same order, -1: reversed;
 // 0 when fewer than two pairs or one side is constant.

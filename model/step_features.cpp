@@ -87,8 +87,12 @@ double causal_attention_fwd_flops(double batch, double seq_len, double q_dim, At
   return attention == AttentionKind::kFlash ? 0.5 * full_square : full_square;
 }
 
+double master_weight_bytes_per_param(Precision precision) {
+  return precision == Precision::kFp32 ? 0.0 : 4.0;  // fp32 copy of 16-bit weights
+}
+
 double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision) {
-  const double master = precision == Precision::kFp32 ? 0.0 : 4.0;  // fp32 copy of 16-bit weights
+  const double master = master_weight_bytes_per_param(precision);
   const double moments = opt == OptimizerKind::kAdamW ? 8.0 : k8bitStateBytes;
   return master + moments;
 }
@@ -619,6 +623,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                                 : std::min(kDeepSpeedSubGroupElems, trainable / n);
     mem.gpu_grads_bytes += (4.0 + wb) * step_grad_elems;
   }
+  mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
   // FSDP2 (fully_shard with the mixed-precision policy we write) keeps each parameter's shard in
   // fp32 as the optimizer's parameter (no master copy beside it) and its sharded gradient in fp32
   // (the reduce dtype), and computes on an unsharded copy in the compute dtype that each all-gather
@@ -635,6 +640,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   if (fsdp2_shards) {
     mem.gpu_params_bytes = 4.0 * trainable / n + (stage == 2 ? wb * trainable : 0.0);
     mem.gpu_grads_bytes = 4.0 * trainable / n;
+    mem.gpu_opt_states_bytes = (state_bytes - master_weight_bytes_per_param(c.precision)) * trainable / n;
   }
   // FSDP2 without gradient sync on the micro-batches before the last (set_requires_gradient_sync
   // (False), as the harness and Accelerate's accumulation run it; grad_sync_each_micro off) keeps every parameter's whole,
@@ -645,12 +651,6 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // checkpointed at micro-batch 2 where 16 B a parameter and the activations make 105
   // (data/runs/h200-sxm/2026-12-02_peers_fsdp2_1gpu_holdout.jsonl).
   if (c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro) mem.gpu_grads_bytes += 4.0 * trainable;
-  mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
-  if (fsdp2_shards) {  // the fp32 shard above is the master copy
-    const double master = optimizer_state_bytes_per_param(c.optimizer, c.precision) -
-                          optimizer_state_bytes_per_param(c.optimizer, Precision::kFp32);
-    mem.gpu_opt_states_bytes = (state_bytes - master) * trainable / n;
-  }
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
   if (stage == 3) {

@@ -139,6 +139,8 @@ struct Features {
 
 // Bytes per parameter of the optimizer state kept per updated parameter
 // (fp32 master weights when the working copy is 16-bit, plus the moments).
+// The fp32 master copy of 16-bit weights, per parameter: 4 B, none for fp32 training.
+double master_weight_bytes_per_param(Precision precision);
 double optimizer_state_bytes_per_param(OptimizerKind opt, Precision precision);
 
 // Memory traffic of one optimizer update per parameter (bytes): on the CPU the

@@ -474,9 +474,8 @@ TEST_CASE("FSDP2 model states: fp32 shards as the master copy, fp32 gradient sha
   const double T = static_cast<double>(m.total_params());
   for (int n : {1, 2}) {
     for (int stage : {2, 3}) {
-      TrainConfig c = config(stage, 1);
+      TrainConfig c = config(stage, n);
       c.engine = Engine::kFsdp2;
-      c.gpus_per_node = n;
       const MemoryFeatures mem = make_features(m, hw, c).memory;
       CHECK(mem.gpu_params_bytes == doctest::Approx(4.0 * T / n + (stage == 2 ? 2.0 * T : 0.0)));
       CHECK(mem.gpu_grads_bytes == doctest::Approx(4.0 * T / n));
