@@ -29,20 +29,32 @@ Prediction evaluate_features(const Features& features, const TrainConfig& config
   p.host_memory_limit_bytes = limits.host_memory_bytes_node > 0
                                   ? limits.host_memory_bytes_node
                                   : hw.host.memory_bytes_per_gpu * config.gpus_per_node;
-  char buf[200];
-  if (p.memory.gpu_required_bytes > (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes) {
-    std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, %.1f GiB usable (%.1f GiB less %.0f %% headroom)",
-                  p.memory.gpu_required_bytes / kBytesPerGiB,
-                  (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes / kBytesPerGiB,
-                  p.gpu_memory_limit_bytes / kBytesPerGiB, 100.0 * kGpuMemoryHeadroomFrac);
-    p.reason = buf;
+  char buf[300];
+  const double usable_bytes = (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes;
+  const double required_bytes = p.memory.gpu_required_bytes;
+  std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, %.1f GiB usable (%.1f GiB less %.0f %% headroom)",
+                required_bytes / kBytesPerGiB, usable_bytes / kBytesPerGiB, p.gpu_memory_limit_bytes / kBytesPerGiB,
+                100.0 * kGpuMemoryHeadroomFrac);
+  const std::string need = buf;
+  if (required_bytes > p.gpu_memory_limit_bytes) {
+    p.reason = need;
   } else if (p.memory.host_node_total_bytes > p.host_memory_limit_bytes) {
     std::snprintf(buf, sizeof buf, "needs %.1f GiB of host memory per node, %.1f GiB available",
                   p.memory.host_node_total_bytes / kBytesPerGiB, p.host_memory_limit_bytes / kBytesPerGiB);
     p.reason = buf;
+  } else if (required_bytes > usable_bytes) {
+    // The card holds the prediction; the headroom, kept against the memory model's misses, does not.
+    p.tight = true;
+    std::snprintf(buf, sizeof buf, ": inside the card's %.1f GiB, not its headroom", p.gpu_memory_limit_bytes / kBytesPerGiB);
+    p.reason = need + buf;
   }
   p.fits = p.reason.empty();
   return p;
+}
+
+std::string fit_verdict(const Prediction& p) {
+  if (p.fits) return "";
+  return (p.tight ? "tight, not ranked: " : "does not fit: ") + p.reason;
 }
 
 

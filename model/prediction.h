@@ -32,9 +32,16 @@ struct Prediction {
   // The 95 % interval of the peak reserved GPU memory (the interval model's memory quantiles,
   // symmetric in log); both 0 where the profile has none.
   double gpu_memory_lo_bytes = 0, gpu_memory_hi_bytes = 0;
+  // fits: the planner ranks it (its predicted need stays inside the card less the headroom, and
+  // the host holds it). tight: its predicted need passes the headroom but not the card itself:
+  // not ranked, yet not "does not fit" either, for the prediction says the card holds it.
   bool fits = false;
-  std::string reason;  // why it does not fit; empty when it fits
+  bool tight = false;
+  std::string reason;  // why it does not fit, or why it is tight; empty when it fits
 };
+
+// The verdict on a plan that the planner does not rank: "tight" or "does not fit", with its reason.
+std::string fit_verdict(const Prediction& p);
 
 // A plan fits when its predicted peak stays this far under the GPU's memory.
 // The memory model's largest error on the calibration runs is 1.2 %, but

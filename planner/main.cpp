@@ -295,7 +295,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
       for (const Lever& l : offload_levers(req, *off))
         std::cout << "  " << l.name << ": " << fmt("%+.0f", 100.0 * l.gain_frac) << " % tokens/s ("
                   << fmt("%.0f", l.result.throughput.tokens_per_s) << ")"
-                  << (l.result.fits ? "" : ", does not fit: " + l.result.reason) << "\n";
+                  << (l.result.fits ? "" : ", " + fit_verdict(l.result)) << "\n";
     }
     if (!req.pefts.empty()) {
       std::cout << "\nfull fine-tuning against LoRA and QLoRA (--peft auto; best plan of each on " << base.world_size()

@@ -238,8 +238,7 @@ SearchResult search_plans(const SearchRequest& req) {
     char buf[400];
     if (!fo.any_fits) {
       const Prediction& s = *fo.smallest_memory;
-      std::snprintf(buf, sizeof buf, "does not fit: %s even at micro-batch %lld%s",
-                    s.reason.c_str(), static_cast<long long>(s.config.micro_batch),
+      std::snprintf(buf, sizeof buf, "%s even at micro-batch %lld%s", fit_verdict(s).c_str(), static_cast<long long>(s.config.micro_batch),
                     s.config.activation_checkpointing ? " with checkpointing" : "");
       fo.why = buf;
     } else if (top) {

@@ -131,6 +131,7 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   j["config"] = train_config_to_json(c);
   j["family"] = family_name(c);
   j["fits"] = p.fits;
+  j["tight"] = p.tight;
   j["launch_bound"] = launch_bound(t.host_issue_ratio);
   // Micro-batch x sequence beyond the calibrated profile's fitted runs: extrapolated.
   j["extrapolated"] = ctx.hardware && beyond_calibration(*ctx.hardware, c.micro_batch, c.seq_len);
@@ -358,7 +359,7 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
           format_gib(m.host_per_rank_bytes)});
   mt.add({"host", "per node (limit " + format_gib(p.host_memory_limit_bytes) + ")", format_gib(m.host_node_total_bytes)});
   out << mt.str();
-  if (!p.fits) out << "does not fit: " << p.reason << "\n";
+  if (!p.fits) out << fit_verdict(p) << "\n";
   // Fits by the point prediction, but not at the interval's upper edge: the memory model's own
   // misses say it may not.
   const double hi_required_bytes = gpu_memory_hi_required_bytes(p);

@@ -347,6 +347,35 @@ TEST_CASE("fits: 70B does not fit on one H200 without offload, fits with stage-3
   CHECK(big.fits);
 }
 
+TEST_CASE("fits: a plan the card holds but not its 5 % headroom is tight: not ranked, not \"does not fit\"") {
+  const ModelSpec m = model("pythia-2.8b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const TrainConfig c = config(0, 1);
+  const double need = evaluate(m, hw, c).memory.gpu_required_bytes;
+  REQUIRE(need > 0);
+  // A card 2 % larger than the need: inside the card, over the 95 % of it that the planner ranks by.
+  const Prediction tight = evaluate(m, hw, c, ResourceLimits{need / 0.98, 0, 0});
+  CHECK_FALSE(tight.fits);
+  CHECK(tight.tight);
+  CHECK(fit_verdict(tight).rfind("tight, not ranked: needs", 0) == 0);
+  CHECK(tight.reason.find("not its headroom") != std::string::npos);
+  // A card 2 % smaller than the need does not hold it.
+  const Prediction over = evaluate(m, hw, c, ResourceLimits{need / 1.02, 0, 0});
+  CHECK_FALSE(over.fits);
+  CHECK_FALSE(over.tight);
+  CHECK(fit_verdict(over).rfind("does not fit: needs", 0) == 0);
+  // 10 % larger: inside the headroom too.
+  const Prediction roomy = evaluate(m, hw, c, ResourceLimits{need / 0.9, 0, 0});
+  CHECK(roomy.fits);
+  CHECK_FALSE(roomy.tight);
+  CHECK(fit_verdict(roomy).empty());
+  // A tight GPU does not hide a host that cannot hold the plan: that does not fit.
+  const Prediction host = evaluate(m, hw, c, ResourceLimits{need / 0.98, 1.0, 0});
+  CHECK_FALSE(host.fits);
+  CHECK_FALSE(host.tight);
+  CHECK(host.reason.find("host memory") != std::string::npos);
+}
+
 TEST_CASE("PEFT: LoRA's trainable parameters match Hugging Face PEFT's count; frozen storage by hand") {
   // Hugging Face PEFT's print_trainable_parameters() for llama-2-7b with LoraConfig(r=16,
   // target_modules=q,k,v,o,gate,up,down) reads "trainable params: 39,976,960 || all params:

@@ -166,13 +166,14 @@ TEST_CASE("an uncalibrated profile's interval is the conformal quantile of the p
       CAPTURE(r.where);
       const Prediction p = predict_row(s, r, test::hardware(r.hardware_name));
       REQUIRE(p.step_std_s > 0);
-      // No row that really ran is called "does not fit", but one: MPT-13B on 40 GB A100s at
-      // micro-batch 14, checkpointed, needs 1.9 % more than the usable 38 GiB with the allocator's
-      // reserve per checkpoint byte (the FSDP2 section's 0.69, fitted on the H200's FSDP2 runs).
-      // Capped runs on the H200 (docs/calibration.md) show that reserve is not all released under
-      // pressure, so the model keeps it; the row stays a known miss, and a larger one fails here.
+      // No row that really ran is called "does not fit". One is tight: MPT-13B on 40 GB A100s at
+      // micro-batch 14, checkpointed, needs 38.7 GiB, inside the card's 40 GiB but 1.9 % over the
+      // 38 GiB the planner ranks by, with the allocator's reserve per checkpoint byte (the FSDP2
+      // section's, fitted on the H200's FSDP2 runs). Capped runs on the H200 (docs/calibration.md)
+      // show that reserve is not all released under pressure, so the model keeps it.
+      CHECK((p.fits || p.tight));
       if (r.where == "A100 40GB: 13b, 2048, 32 GPUs (bf16 PURE)")
-        CHECK(p.memory.gpu_total_bytes < 1.03 * (1.0 - kGpuMemoryHeadroomFrac) * p.gpu_memory_limit_bytes);
+        CHECK(p.tight);
       else
         CHECK(p.fits);
       const double half = 1.96 * p.step_std_s / p.time.step_s;
