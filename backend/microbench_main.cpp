@@ -54,6 +54,8 @@ struct Flags {
   std::string out, suites = "compute,collectives,offload,optimizer", device = "auto", data_dir;
   std::string models = "pythia-2.8b,llama-2-7b,qwen2.5-7b,gpt-j-6b";
   int nproc = 1, repeats = 5;
+  int emulate_nodes = 1;   // --nproc ranks as this many nodes on this host (launcher.h)
+  int emulated_node = -1;  // set by the launcher
   bool quick = false;
 };
 
@@ -270,7 +272,7 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
       rt.synchronize();
       check(t[n - 1].item<double>() == rank_sum && t[0].item<double>() == rank_sum, "all-reduce", bytes);
       const double sec = b.time_s(5, [&] { comm.all_reduce_sum(t); });
-      b.emit({{"bench", "all_reduce"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
+      b.emit({{"bench", "all_reduce"}, {"bytes", n * elem}, {"world", w}, {"nodes", f.emulate_nodes}, {"backend", comm.name()}, {"seconds", sec}},
              "all_reduce " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB * 1024)) + " KiB");
     }
     {
@@ -280,7 +282,7 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
       rt.synchronize();
       check(out[0].item<double>() == rank_sum && out[shard - 1].item<double>() == rank_sum, "reduce-scatter", bytes);
       const double sec = b.time_s(5, [&] { comm.reduce_scatter_sum(full, out); });
-      b.emit({{"bench", "reduce_scatter"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
+      b.emit({{"bench", "reduce_scatter"}, {"bytes", n * elem}, {"world", w}, {"nodes", f.emulate_nodes}, {"backend", comm.name()}, {"seconds", sec}},
              "reduce_scatter " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB * 1024)) + " KiB");
     }
     {
@@ -290,7 +292,7 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
       rt.synchronize();
       for (int q = 0; q < w; ++q) check(full[q * shard].item<double>() == q + 1.0, "all-gather", bytes);
       const double sec = b.time_s(5, [&] { comm.all_gather(mine, full); });
-      b.emit({{"bench", "all_gather"}, {"bytes", n * elem}, {"world", w}, {"backend", comm.name()}, {"seconds", sec}},
+      b.emit({{"bench", "all_gather"}, {"bytes", n * elem}, {"world", w}, {"nodes", f.emulate_nodes}, {"backend", comm.name()}, {"seconds", sec}},
              "all_gather " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB * 1024)) + " KiB");
     }
   }
@@ -409,6 +411,7 @@ int run_rank(const Flags& f) {
                           {"libtorch", TORCH_VERSION},
                           {"collectives", comm->name()},
                           {"world_size", rv.world},
+                          {"nodes", f.emulate_nodes},
                           {"hardware_threads", std::thread::hardware_concurrency()},
                           {"git_commit", STEPCAST_GIT_COMMIT},
                           {"suites", f.suites},
@@ -445,6 +448,11 @@ int main_impl(int argc, char** argv) {
   app.add_option("--suite", f.suites, "comma-separated: compute (GEMMs and attention), attention (alone), collectives, offload, optimizer")->capture_default_str();
   app.add_option("--models", f.models, "models whose GEMM shapes to time")->capture_default_str();
   app.add_option("--nproc", f.nproc, "ranks for the collectives (one per GPU)")->capture_default_str();
+  app.add_option("--emulate-nodes", f.emulate_nodes,
+                 "start the --nproc ranks as this many nodes on this host (it divides --nproc), so that the "
+                 "collectives between them take NCCL's network transport; recorded in each record (nodes)")
+      ->capture_default_str();
+  app.add_option("--emulated-node", f.emulated_node, "set by --emulate-nodes for the ranks it starts")->group("");
   app.add_option("--repeats", f.repeats, "timed repetitions per measurement (median)")->capture_default_str();
   app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "folder with models/ and hardware/");
@@ -455,10 +463,15 @@ int main_impl(int argc, char** argv) {
   die_with_launcher(launcher_pid);
   if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
   if (f.repeats < 1) throw InputError("--repeats " + std::to_string(f.repeats) + " must be at least 1");
+  if (f.emulate_nodes < 1 || f.nproc % f.emulate_nodes != 0)
+    throw InputError("--emulate-nodes " + std::to_string(f.emulate_nodes) + " must divide --nproc " +
+                     std::to_string(f.nproc) + " (ranks per emulated node)");
   if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
     std::vector<std::string> args(argv, argv + argc);
-    return launch_local_ranks(f.nproc, args);
+    return launch_local_ranks(f.nproc, args, 10, f.emulate_nodes);
   }
+  if (f.emulate_nodes > 1 && f.emulated_node < 0)
+    throw InputError("--emulate-nodes " + std::to_string(f.emulate_nodes) + " needs --nproc to start the ranks");
   return run_rank(f);
 }
 

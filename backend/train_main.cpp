@@ -45,6 +45,8 @@ namespace {
 struct Flags {
   std::string model, plan, data, save, resume, json_out, dump_params, hardware = "h200-sxm", device = "auto", data_dir;
   int stage = 0, nproc = 1;
+  int emulate_nodes = 1;   // --nproc ranks as this many nodes on this host (launcher.h)
+  int emulated_node = -1;  // set by the launcher for the ranks of an emulated node
   std::string offload_optimizer = "none", offload_params = "none", optimizer = "adamw", precision = "bf16",
               checkpointing = "off", offload_pipeline = "on", split_master = "on", cpu_simd = "auto",
               cpu_bind = "on", peft = "none", lora_targets = "all";
@@ -142,6 +144,10 @@ void check_run_flags(const Flags& f) {
   range("--cpu-threads", f.cpu_threads, 0, 4096);
   range("--timeout-s", f.timeout_s, 1, 1000000);
   range("--nproc", f.nproc, 1, 4096);
+  range("--emulate-nodes", f.emulate_nodes, 1, 4096);
+  if (f.nproc % f.emulate_nodes != 0)
+    throw InputError("--emulate-nodes " + std::to_string(f.emulate_nodes) + " must divide --nproc " +
+                     std::to_string(f.nproc) + " (ranks per emulated node)");
   // (--lr 0 is a run that leaves the parameters as initialised: the tests use it.)
   if (!(std::isfinite(f.lr) && f.lr >= 0)) throw InputError("--lr " + std::to_string(f.lr) + " must be a non-negative number");
   if (!(std::isfinite(f.weight_decay) && f.weight_decay >= 0))
@@ -191,7 +197,11 @@ int run_rank(const Flags& f, const CLI::App& app) {
   // offload, the CPU optimizer runs during the backward: it leaves one core of the share
   // to the thread that feeds the GPU.
   const std::vector<LogicalCpu> host_cpus = allowed_cpus();
-  const std::vector<int> rank_cores = rank_cpus(host_cpus, rv.local_rank, std::max(1, local_world));
+  // Emulated nodes share this host: each rank takes its share of the host's cores, not of a node's.
+  const bool emulated = f.emulate_nodes > 1 && f.emulated_node >= 0;
+  const int host_rank = emulated ? f.emulated_node * local_world + rv.local_rank : rv.local_rank;
+  const int host_ranks = emulated ? f.emulate_nodes * local_world : local_world;
+  const std::vector<int> rank_cores = rank_cpus(host_cpus, host_rank, std::max(1, host_ranks));
   bind_cpus(rank_cores, cfg.cpu_bind);
   select_simd(cfg.cpu_simd);
   const int share = physical_cores(host_cpus, rank_cores);
@@ -249,6 +259,9 @@ int run_rank(const Flags& f, const CLI::App& app) {
                         {"data", tokens.description()},
                         {"host_op_us", host_op_us(*rt)},
                         {"cpu_mhz", mean_cpu_mhz()}};
+  // Nodes emulated on one host (--emulate-nodes): config.nodes counts them; NCCL moved the bytes
+  // between them over its network transport (launcher.h).
+  if (f.emulate_nodes > 1) env["emulated_nodes"] = f.emulate_nodes;
   if (cfg.offload_optimizer == OffloadDevice::kCpu) {
     env["cpu_optimizer"] = {{"threads", cpu_threads()},
                             {"simd", simd_name(selected_simd())},
@@ -406,6 +419,12 @@ int main_impl(int argc, char** argv) {
                  "threads of each rank's CPU optimizer (default: the rank's share of the cores, less one)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--nproc", f.nproc, "ranks to start on this host (one per GPU, or CPU processes with Gloo)")->capture_default_str();
+  app.add_option("--emulate-nodes", f.emulate_nodes,
+                 "start the --nproc ranks as this many nodes on this host (it divides --nproc): each node its "
+                 "own GPUs and host identity, so NCCL moves the bytes between them over its network transport; "
+                 "recorded (config.nodes, env.emulated_nodes)")
+      ->capture_default_str();
+  app.add_option("--emulated-node", f.emulated_node, "set by --emulate-nodes for the ranks it starts")->group("");
   app.add_option("--device", f.device, "auto | cpu | cuda")->capture_default_str();
   app.add_option("--gpu-mem-limit-gib", f.gpu_mem_limit_gib,
                  "emulate a smaller GPU: the caching allocator holds at most this much per device (it frees its "
@@ -437,11 +456,11 @@ int main_impl(int argc, char** argv) {
   // of killing the process with SIGXFSZ in the middle of a checkpoint.
   std::signal(SIGXFSZ, SIG_IGN);
   if (f.dry_run) {
-    // What run_rank records, for ranks on one host: --nproc GPUs, one node.
+    // What run_rank records: --nproc ranks on one host, as --emulate-nodes nodes.
     const ModelSpec spec = resolve_model(f.model, data_dir(f));
     TrainConfig cfg = config_from(f, app);
-    cfg.gpus_per_node = f.nproc;
-    cfg.nodes = 1;
+    cfg.gpus_per_node = f.nproc / f.emulate_nodes;
+    cfg.nodes = f.emulate_nodes;
     validate_config(cfg);
     std::printf("%s\n", nlohmann::json({{"model", spec.name}, {"config", train_config_to_json(cfg)}}).dump().c_str());
     return 0;
@@ -449,8 +468,10 @@ int main_impl(int argc, char** argv) {
   if (std::getenv("RANK") == nullptr && runs_on_cpu(f.device)) check_host_memory(f, app);
   if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
     std::vector<std::string> args(argv, argv + argc);
-    return launch_local_ranks(f.nproc, args);
+    return launch_local_ranks(f.nproc, args, 10, f.emulate_nodes);
   }
+  if (f.emulate_nodes > 1 && f.emulated_node < 0)
+    throw InputError("--emulate-nodes " + std::to_string(f.emulate_nodes) + " needs --nproc to start the ranks");
   return run_rank(f, app);
 }
 

@@ -207,7 +207,7 @@ FitResult solve(ceres::Problem& problem, CoefVector& u, const Scales& scales, co
 std::vector<Coef> component_coefs(const std::vector<MicroRecord>& micro) {
   std::vector<bool> seen(kNumCoefs, false);
   for (const auto& r : micro)
-    for (Coef c : micro_coefs(r.bench)) seen[c] = true;
+    for (Coef c : micro_coefs(r)) seen[c] = true;
   std::vector<Coef> out;
   for (int i = 0; i < kNumCoefs; ++i)
     if (seen[i]) out.push_back(static_cast<Coef>(i));

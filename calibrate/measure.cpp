@@ -291,11 +291,37 @@ std::string first_error_line(const fs::path& err_path) {
 nlohmann::json explain_line(const std::string& planner, const RunListEntry& it, const std::string& engine,
                             const std::string& hardware, const std::string& data_dir, const fs::path& plan,
                             const fs::path& ds, const fs::path& err) {
-  std::vector<std::string> argv{planner, "explain", "--model", it.model, "--gpus", std::to_string(it.nproc),
-                                "--engine", engine, "--hardware", hardware, "--json"};
+  // A line that emulates K nodes on one host (train --emulate-nodes K) is, to the planner, K nodes
+  // of NPROC / K GPUs.
+  std::vector<std::string> flags;
+  int nodes = 1;
+  for (size_t i = 0; i < it.flags.size(); ++i) {
+    const std::string& f = it.flags[i];
+    std::string value;
+    if (f == "--emulate-nodes" && i + 1 < it.flags.size())
+      value = it.flags[++i];
+    else if (f.rfind("--emulate-nodes=", 0) == 0)
+      value = f.substr(16);
+    else {
+      flags.push_back(f);
+      continue;
+    }
+    try {
+      size_t used = 0;
+      nodes = std::stoi(value, &used);
+      if (used != value.size()) nodes = 0;
+    } catch (const std::exception&) {
+      nodes = 0;
+    }
+    if (nodes < 1 || it.nproc % nodes != 0)
+      throw InputError(it.where + ": --emulate-nodes \"" + value + "\" must be a whole number that divides NPROC " +
+                       std::to_string(it.nproc));
+  }
+  std::vector<std::string> argv{planner, "explain", "--model", it.model, "--gpus", std::to_string(it.nproc / nodes),
+                                "--nodes", std::to_string(nodes), "--engine", engine, "--hardware", hardware, "--json"};
   if (!data_dir.empty()) argv.insert(argv.end(), {"--data-dir", data_dir});
   if (!ds.empty()) argv.insert(argv.end(), {"--deepspeed-config", ds.string()});
-  argv.insert(argv.end(), it.flags.begin(), it.flags.end());
+  argv.insert(argv.end(), flags.begin(), flags.end());
   if (spawn_and_wait(argv, plan.string(), err.string()).exit_status != 0)
     throw InputError(it.where + ": planner explain rejects the line: " + first_error_line(err));
   try {
@@ -441,7 +467,7 @@ int run_predict_list(const PredictList& p) {
     size_t width = 0;
     for (const auto& r : rows) width = std::max(width, r.at("line").get<std::string>().size());
     text = "# " + p.list + ", predicted by " + STEPCAST_GIT_COMMIT + " (engine " + p.engine + ", hardware " +
-           p.hardware + ") before it is measured:\n# planner explain --model M --gpus N --engine " + p.engine +
+           p.hardware + ") before it is measured:\n# planner explain --model M --gpus N (--gpus N/K --nodes K with --emulate-nodes K) --engine " + p.engine +
            " FLAGS; step s, its 95 % interval, peak GPU GiB (its 95 % interval where the profile has one), host GiB per "
            "rank\n";
     for (const auto& r : rows) {

@@ -1,5 +1,6 @@
 #include "calibrate/micro_record.h"
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -98,6 +99,12 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
         case MicroBench::kAllGather:
           r.world = positive(j, "world", where);
           if (r.world < 2) throw InputError(where + ": key \"world\" must be at least 2, got " + j.at("world").dump());
+          if (j.contains("nodes")) {
+            r.nodes = positive(j, "nodes", where);
+            if (r.nodes != std::floor(r.nodes) || std::fmod(r.world, r.nodes) != 0.0)
+              throw InputError(where + ": key \"nodes\" is " + j.at("nodes").dump() +
+                               ", expected a whole number of nodes that divides world " + j.at("world").dump());
+          }
           [[fallthrough]];
         case MicroBench::kH2D:
         case MicroBench::kD2H:
@@ -116,6 +123,14 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
       throw InputError(where + ": " + e.what());
     }
   });
+  return out;
+}
+
+std::vector<Coef> micro_coefs(const MicroRecord& r) {
+  std::vector<Coef> out = micro_coefs(r.bench);
+  if (r.nodes > 1)
+    for (Coef& c : out)
+      if (c == kIntraBusEffFrac) c = kInterBusEffFrac;
   return out;
 }
 

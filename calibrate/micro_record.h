@@ -27,8 +27,9 @@ struct MicroRecord {
   double m = 0, n = 0, k = 0;
   // attention: causal, flash; forward, or backward alone
   double batch = 0, heads = 0, seq_len = 0, head_dim = 0;
-  // collectives and copies: bytes of the full buffer; ranks
-  double bytes = 0, world = 1;
+  // collectives and copies: bytes of the full buffer; ranks, and the nodes they form
+  // (microbench --emulate-nodes: nodes on one host, joined by NCCL's network transport)
+  double bytes = 0, world = 1, nodes = 1;
   // optimizers: parameters updated, CPU threads
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   double params = 0, threads = 0;
@@ -41,6 +42,7 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
 
 // The coefficients a record's formula reads (those the component fit may move).
 std::vector<Coef> micro_coefs(MicroBench b);
+std::vector<Coef> micro_coefs(const MicroRecord& r);  // the same, with the inter-node link's across nodes
 
 // Predicted seconds of one micro-benchmark on `hw` with coefficients `coef`.
 template <class T>
@@ -60,11 +62,16 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
                  : attention_bwd_time_s(fwd_flops, r.seq_len, kFlashAttnBwdFlopsMult, false, bf16_peak, coef) * rel.bwd;
     }
     case MicroBench::kAllReduce:
-      return collective_time_s(r.bytes, 1.0, allreduce_bus_factor(n), true, hw.links.intra_node_bytes_per_s, false, 0.0,
-                               coef);
     case MicroBench::kReduceScatter:
-    case MicroBench::kAllGather:
-      return collective_time_s(r.bytes, 1.0, r.bench == MicroBench::kAllGather ? all_gather_bus_factor(n) : reduce_scatter_bus_factor(n), false, hw.links.intra_node_bytes_per_s, false, 0.0, coef);
+    case MicroBench::kAllGather: {
+      const CollectiveLink link =
+          collective_link(hw, static_cast<int>(r.world / r.nodes), static_cast<int>(r.nodes));
+      const double bus_factor = r.bench == MicroBench::kAllReduce   ? allreduce_bus_factor(n)
+                                : r.bench == MicroBench::kAllGather ? all_gather_bus_factor(n)
+                                                                    : reduce_scatter_bus_factor(n);
+      return collective_time_s(r.bytes, 1.0, bus_factor, r.bench == MicroBench::kAllReduce, link.bytes_per_s,
+                               link.inter_node, link.extra_latency_s, coef);
+    }
     case MicroBench::kH2D:
       return pcie_copy_time_s(r.bytes, hw.host.h2d_bytes_per_s, coef);
     case MicroBench::kD2H:

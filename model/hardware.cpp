@@ -577,4 +577,10 @@ bool beyond_calibration(const HardwareProfile& hw, int64_t micro_batch, int64_t 
          static_cast<double>(micro_batch) * static_cast<double>(seq_len) > hw.max_micro_tokens;
 }
 
+CollectiveLink collective_link(const HardwareProfile& hw, int gpus_per_node, int nodes) {
+  if (nodes <= 1) return {hw.links.intra_node_bytes_per_s, false, 0.0};
+  return {std::min(hw.links.inter_node_bytes_per_s * gpus_per_node, hw.links.intra_node_bytes_per_s), true,
+          hw.links.inter_node_latency_s};
+}
+
 }  // namespace stepcast

@@ -268,4 +268,20 @@ HardwareProfile resolve_hardware(const std::string& name_or_path,
 const char* precision_name(Precision p);
 Precision parse_precision(const std::string& text, const std::string& what);
 
+// The link a collective among `nodes` nodes of `gpus_per_node` GPUs runs at, for the step model
+// and the micro-benchmarks alike. Within a node, the intra-node link. Across nodes a ring (NCCL
+// runs one ring per channel, the channels spread over the node's NICs) crosses each node
+// boundary once per channel: a node sends the collective's whole size out once, over all its
+// NICs together, so each GPU's NIC carries 1/gpus_per_node of what its intra-node hop carries,
+// and the ring runs at the slower of that hop and the node's NICs shared by its GPUs
+// (nccl-tests doc/PERFORMANCE.md's bus bandwidth; NVIDIA/nccl#1229 reports H100 reduce-scatter
+// bus bandwidth of 360 GB/s at 4 nodes of 8 with 400 Gb/s per GPU, seven times one NIC's
+// 46-48 GB/s), with the inter-node latency added to each call.
+struct CollectiveLink {
+  double bytes_per_s = 0;
+  bool inter_node = false;
+  double extra_latency_s = 0;
+};
+CollectiveLink collective_link(const HardwareProfile& hw, int gpus_per_node, int nodes);
+
 }  // namespace stepcast

@@ -472,18 +472,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     if (stage == 3 && !multi_rank) f.local_gather_bytes_micro = 2.0 * 2.0 * param_bytes_full;
   }
   const bool multi_node = c.nodes > 1;
-  f.link_is_inter_node = multi_node ? 1.0 : 0.0;
-  // A ring across nodes (NCCL runs one ring per channel, the channels spread over the node's
-  // NICs) crosses each node boundary once per channel: a node sends the collective's whole size
-  // out once, over all its NICs together, so each GPU's NIC carries 1/gpus_per_node of what its
-  // NVLink hop carries. The ring runs at the slower of the NVLink hop and the node's NICs shared
-  // by its GPUs (nccl-tests doc/PERFORMANCE.md's bus bandwidth; NVIDIA/nccl#1229 reports
-  // H100 reduce-scatter bus bandwidth of 360 GB/s at 4 nodes of 8 with 400 Gb/s per GPU, seven
-  // times one NIC's 46-48 GB/s).
-  f.link_bytes_per_s =
-      multi_node ? std::min(hw.links.inter_node_bytes_per_s * c.gpus_per_node, hw.links.intra_node_bytes_per_s)
-                 : hw.links.intra_node_bytes_per_s;
-  f.extra_latency_s = multi_node ? hw.links.inter_node_latency_s : 0.0;
+  const CollectiveLink link = collective_link(hw, c.gpus_per_node, c.nodes);
+  f.link_is_inter_node = link.inter_node ? 1.0 : 0.0;
+  f.link_bytes_per_s = link.bytes_per_s;
+  f.extra_latency_s = link.extra_latency_s;
   // Without NVLink, a node's GPUs reduce over PCIe, the link their host copies take too.
   f.pcie_shared_link = multi_rank && !multi_node && hw.links.intra_node == "pcie" ? 1.0 : 0.0;
 

@@ -77,7 +77,7 @@ done
 for v in abc -1 99999999999999999999 1099511627776; do  # 0 is valid: GAS ranges over 1..32
   t 2 "--global-batch" "$PLANNER" recommend --model 7b --global-batch "$v"
 done
-for flag in --micro-batch --gas --seq --steps --warmup --nproc --cpu-threads --timeout-s; do
+for flag in --micro-batch --gas --seq --steps --warmup --nproc --cpu-threads --timeout-s --emulate-nodes; do
   for v in abc -1 99999999999999999999 1e999; do
     t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" "$v"
   done
@@ -87,6 +87,10 @@ for flag in --lr --weight-decay --gpu-mem-limit-gib; do
     t 2 "$flag" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" "$flag" "$v"
   done
 done
+# Emulated nodes divide the ranks, and need the launcher (--nproc) to start them.
+t 2 "--emulate-nodes 3 must divide --nproc 2" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --nproc 2 --emulate-nodes 3
+t 2 "--emulate-nodes 2 must divide --nproc 1" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --emulate-nodes 2
+t 2 "--emulate-nodes 3 must divide --nproc 2" "$MICROBENCH" --device cpu --suite collectives --out "$TMP/out.file" --nproc 2 --emulate-nodes 3
 # A memory cap emulates a smaller GPU: there is none on the CPU.
 t 2 "--gpu-mem-limit-gib" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --gpu-mem-limit-gib 8
 for flag in --holdout-frac; do
@@ -425,6 +429,8 @@ t 2 "nothing.toml" "$CALIBRATE" report --published "$TMP/nothing.toml"
 printf 'pythia-2.8b 1 --stage 2\npythia-2.8b 1 --stage 9\n' >"$TMP/predict_bad.txt"
 t 2 "predict_bad.txt:2: planner explain rejects the line" "$CALIBRATE" predict --list "$TMP/predict_bad.txt" --engine deepspeed --out "$TMP/out.file"
 [[ -e "$TMP/out.file" ]] && { echo "FAIL [calibrate predict]: wrote $TMP/out.file for a rejected list"; fail=$((fail + 1)); }
+printf 'pythia-2.8b 2 --stage 2 --emulate-nodes 3\n' >"$TMP/predict_nodes.txt"
+t 2 'predict_nodes.txt:1: --emulate-nodes "3" must be a whole number that divides NPROC 2' "$CALIBRATE" predict --list "$TMP/predict_nodes.txt"
 printf '# nothing\n' >"$TMP/predict_empty.txt"
 t 2 "predict_empty.txt: the run list has no configuration" "$CALIBRATE" predict --list "$TMP/predict_empty.txt"
 t 2 "--engine \"tpu\" is not valid" "$CALIBRATE" predict --list "$SRC/bench/runlists/smoke.txt" --engine tpu

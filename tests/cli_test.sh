@@ -224,6 +224,15 @@ ok = len(r) == 2 and r[1]["line"].startswith("gpt-j-6b 1 --stage 3") and abs(r[1
      and d["git_commit"] != ""
 sys.exit(0 if ok else 1)' "$want"; then
     ok; else bad "calibrate predict: rows differ from planner explain"; fi
+  # A line that emulates two nodes on one host (train --emulate-nodes 2) is, to the planner, two
+  # nodes of one GPU: the inter-node link, not NVLink.
+  printf 'llama-2-7b 2 --stage 2 --micro-batch 8 --gas 4 --checkpointing on --emulate-nodes 2\n' > "$list"
+  want="$("$PLANNER" explain --model llama-2-7b --gpus 1 --nodes 2 --stage 2 --micro-batch 8 --gas 4 --checkpointing on --json 2>/dev/null |
+          python3 -c 'import json,sys; p=json.load(sys.stdin)["plans"][0]; print(p["time_s"]["step"], p["config"]["nodes"])')"
+  if "$CALIBRATE" predict --list "$list" --json 2>/dev/null |
+     python3 -c 'import json,sys; r=json.load(sys.stdin)["predictions"]; w=sys.argv[1].split()
+sys.exit(0 if len(r) == 1 and w[1] == "2" and abs(r[0]["step_s"] - float(w[0])) <= 1e-9 * float(w[0]) else 1)' "$want"; then
+    ok; else bad "calibrate predict: an --emulate-nodes line is not predicted as that many nodes"; fi
   rm -f "$list"
 fi
 

@@ -290,6 +290,39 @@ TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
   fs::remove(p);
 }
 
+TEST_CASE("micro-benchmark records across emulated nodes take the inter-node link and its coefficients") {
+  const fs::path p = fs::temp_directory_path() / "stepcast_micro_nodes.jsonl";
+  // 1 GiB all-reduce among 4 ranks as 2 nodes of 2 (microbench --nproc 4 --emulate-nodes 2), and
+  // the same within one node.
+  std::ofstream(p) << R"({"kind":"micro","bench":"all_reduce","bytes":1073741824,"world":4,"nodes":2,"seconds":0.1})" << "\n"
+                   << R"({"kind":"micro","bench":"all_reduce","bytes":1073741824,"world":4,"seconds":0.01})" << "\n";
+  const auto micro = load_micro({p});
+  REQUIRE(micro.size() == 2);
+  CHECK(micro[0].nodes == 2);
+  CHECK(micro[1].nodes == 1);
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  const CoefVector c = hw.coefs;
+  // By hand (model/hardware.h collective_link): across nodes the ring runs at the smaller of the
+  // intra-node link and the node's NICs (inter_node_bytes_per_s x 2 GPUs), at the inter-node
+  // efficiency, with the inter-node latency added; an all-reduce of 4 ranks moves 2 (4 - 1) / 4 of
+  // the buffer.
+  const double link = std::min(2 * hw.links.inter_node_bytes_per_s, hw.links.intra_node_bytes_per_s);
+  const double across = c[kCollLatencyS] + hw.links.inter_node_latency_s +
+                        1073741824.0 * 1.5 / (link * c[kInterBusEffFrac]);
+  CHECK(predict_micro(micro[0], hw, c.data()) == doctest::Approx(across).epsilon(1e-12));
+  const double within = c[kCollLatencyS] + 1073741824.0 * 1.5 / (hw.links.intra_node_bytes_per_s * c[kIntraBusEffFrac]);
+  CHECK(predict_micro(micro[1], hw, c.data()) == doctest::Approx(within).epsilon(1e-12));
+  // The component fit moves the inter-node efficiency for the first, the intra-node one for the second.
+  const auto has = [](const std::vector<Coef>& v, Coef x) { return std::find(v.begin(), v.end(), x) != v.end(); };
+  CHECK(has(micro_coefs(micro[0]), kInterBusEffFrac));
+  CHECK_FALSE(has(micro_coefs(micro[0]), kIntraBusEffFrac));
+  CHECK(has(micro_coefs(micro[1]), kIntraBusEffFrac));
+  // Nodes that do not divide the ranks are bad input, named.
+  std::ofstream(p) << R"({"kind":"micro","bench":"all_gather","bytes":1024,"world":4,"nodes":3,"seconds":0.1})" << "\n";
+  CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("key \"nodes\" is 3"), InputError);
+  fs::remove(p);
+}
+
 TEST_CASE("the committed h200-sxm profile is the fit of the committed runs") {
   // data/hardware/h200-sxm.toml was written by (in data/runs/h200-sxm)
   //   calibrate fit --runs 2026-11-30_calibration_v3_micro.jsonl 2026-11-29_backend_v1_b.jsonl

@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "doctest_after_glog.h"
 
+#include "backend/comm/launcher.h"
 #include "backend_test_util.h"
 #include "common/host_cpu.h"
 #include "common/text_file.h"
@@ -190,6 +191,80 @@ TEST_CASE("calibrate measure passes flags as arguments, never through a shell") 
                                           log, log);
   CHECK(good.exit_status == 0);
   CHECK(calibrate::load_runs({dir / "out" / "runs.jsonl"}, test::data_dir()).size() == 1);
+}
+
+TEST_CASE("emulated nodes: each rank's environment, by hand") {
+  const auto env_of = [](int rank, int nproc, int nodes, const std::string& visible) {
+    std::map<std::string, std::string> m;
+    for (const auto& [k, v] : rank_environment(rank, nproc, nodes, visible)) m[k] = v;
+    return m;
+  };
+  // One node: torchrun's variables only.
+  auto e = env_of(1, 2, 1, "");
+  CHECK(e == std::map<std::string, std::string>{{"RANK", "1"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}});
+  // Four ranks as two nodes of two: rank 3 is node 1's second rank, on the host's GPUs 2 and 3.
+  e = env_of(3, 4, 2, "");
+  CHECK(e["RANK"] == "3");
+  CHECK(e["LOCAL_RANK"] == "1");
+  CHECK(e["LOCAL_WORLD_SIZE"] == "2");
+  CHECK(e["WORLD_SIZE"] == "4");
+  CHECK(e["CUDA_VISIBLE_DEVICES"] == "2,3");
+  CHECK(e["NCCL_HOSTID"] == "stepcast-emulated-node-1");
+  CHECK(e.count("NCCL_P2P_DISABLE") == 0);  // its two GPUs still talk over NVLink
+  // Two ranks as two nodes of one, from the launcher's visible GPUs 5 and 7: rank 1 takes 7, and
+  // with one GPU per node no pair of ranks shares a node, so peer-to-peer and shared memory are off.
+  e = env_of(1, 2, 2, "5,7");
+  CHECK(e["LOCAL_RANK"] == "0");
+  CHECK(e["LOCAL_WORLD_SIZE"] == "1");
+  CHECK(e["CUDA_VISIBLE_DEVICES"] == "7");
+  CHECK(e["NCCL_HOSTID"] == "stepcast-emulated-node-1");
+  CHECK(e["NCCL_P2P_DISABLE"] == "1");
+  CHECK(e["NCCL_SHM_DISABLE"] == "1");
+  CHECK(env_of(0, 2, 2, "5,7")["NCCL_HOSTID"] == "stepcast-emulated-node-0");
+}
+
+TEST_CASE("emulated nodes: two nodes of one rank train as one node of two, and the records say so") {
+  if (g_nproc < 2 || g_nproc % 2 != 0) return;
+  const std::string base = g_train + " --model test-llama-tiny --device " + g_device +
+                           " --stage 2 --precision fp32 --seq 32 --micro-batch 2 --gas 2 --steps 3 --quiet" + ranks();
+  const fs::path one = tmpdir() / "one_node.jsonl", two = tmpdir() / "two_nodes.jsonl";
+  fs::remove(one);
+  fs::remove(two);
+  REQUIRE(std::system((base + " --json-out " + one.string()).c_str()) == 0);
+  REQUIRE(std::system((base + " --emulate-nodes 2 --json-out " + two.string()).c_str()) == 0);
+  const auto records = [](const fs::path& p) {
+    std::vector<nlohmann::json> v;
+    std::ifstream in(p);
+    std::string line;
+    while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
+    return v;
+  };
+  const auto a = records(one), b = records(two);
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  for (size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    // The same ranks, data and collectives: the same losses.
+    CHECK(b[i]["loss"].get<double>() == a[i]["loss"].get<double>());
+    CHECK(a[i]["config"]["nodes"] == 1);
+    CHECK(a[i]["config"]["gpus"] == g_nproc);
+    CHECK_FALSE(a[i]["env"].contains("emulated_nodes"));
+    CHECK(b[i]["config"]["nodes"] == 2);
+    CHECK(b[i]["config"]["gpus"] == g_nproc / 2);
+    CHECK(b[i]["env"]["emulated_nodes"] == 2);
+    CHECK(b[i]["env"]["world_size"] == g_nproc);
+  }
+  // Its collectives micro-benchmarks record the nodes, and calibrate reads them.
+  const std::string microbench = (fs::path(g_train).parent_path() / "microbench").string();
+  const fs::path micro = tmpdir() / "two_nodes_micro.jsonl";
+  fs::remove(micro);
+  REQUIRE(std::system((microbench + " --out " + micro.string() + " --suite collectives --quick --repeats 1 --device " +
+                       g_device + ranks() + " --emulate-nodes 2 2>/dev/null").c_str()) == 0);
+  const auto rs = calibrate::load_micro({micro});
+  REQUIRE_FALSE(rs.empty());
+  for (const auto& r : rs) CHECK(r.nodes == 2);
+  // --emulate-nodes must divide the ranks: one line, exit 2.
+  CHECK(WEXITSTATUS(std::system((base + " --emulate-nodes 3 2>/dev/null").c_str())) == 2);
 }
 
 TEST_CASE("host CPU ticks: /proc/stat's aggregate line, steal and busy shares between two samples, by hand") {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -66,7 +67,45 @@ int free_port() {
   return port;
 }
 
-int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s) {
+std::vector<std::pair<std::string, std::string>> rank_environment(int rank, int nproc, int emulated_nodes,
+                                                                  const std::string& visible_devices) {
+  const int nodes = std::max(1, emulated_nodes);
+  const int per_node = nproc / nodes;
+  const int node = rank / per_node;
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(rank % per_node)},
+      {"WORLD_SIZE", std::to_string(nproc)},
+      {"LOCAL_WORLD_SIZE", std::to_string(per_node)}};
+  if (nodes == 1) return env;
+  // The node's GPUs: its slice of the launcher's visible devices, or of 0..nproc-1.
+  std::vector<std::string> devices;
+  if (visible_devices.empty()) {
+    for (int d = 0; d < nproc; ++d) devices.push_back(std::to_string(d));
+  } else {
+    size_t begin = 0;
+    while (begin <= visible_devices.size()) {
+      const size_t end = std::min(visible_devices.find(',', begin), visible_devices.size());
+      devices.push_back(visible_devices.substr(begin, end - begin));
+      begin = end + 1;
+    }
+  }
+  std::string slice;
+  for (int d = node * per_node; d < (node + 1) * per_node && d < static_cast<int>(devices.size()); ++d)
+    slice += (slice.empty() ? "" : ",") + devices[d];
+  env.emplace_back("CUDA_VISIBLE_DEVICES", slice);
+  // NCCL's host hash, which decides whether two ranks may use peer-to-peer or shared-memory
+  // transports, reads NCCL_HOSTID in place of the host name when it is set (NCCL, misc/utils.cc,
+  // getHostHash): a node of its own for each emulated node.
+  env.emplace_back("NCCL_HOSTID", "stepcast-emulated-node-" + std::to_string(node));
+  if (per_node == 1) {
+    env.emplace_back("NCCL_P2P_DISABLE", "1");
+    env.emplace_back("NCCL_SHM_DISABLE", "1");
+  }
+  return env;
+}
+
+int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s, int emulated_nodes) {
   const int port = free_port();
   // SIGINT, SIGTERM and SIGHUP to the launcher reach every rank (forwarded below); a
   // SIGKILL, which cannot be caught, reaches them through PR_SET_PDEATHSIG (die_with_launcher).
@@ -78,18 +117,20 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grac
   // Each rank learns its launcher's pid as a flag, to die with it (die_with_launcher).
   std::vector<std::string> rank_args = args;
   rank_args.insert(rank_args.end(), {"--launcher-pid", std::to_string(::getpid())});
-  std::vector<char*> argv;
-  for (const auto& a : rank_args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   for (int r = 0; r < nproc; ++r) {
+    std::vector<std::string> this_args = rank_args;
+    if (emulated_nodes > 1) this_args.insert(this_args.end(), {"--emulated-node", std::to_string(r / (nproc / emulated_nodes))});
+    std::vector<char*> argv;
+    for (const auto& a : this_args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
     // This process's environment plus torchrun's variables for rank r.
     // Ours first: getenv returns the first match, so they win over inherited ones.
     std::vector<std::string> env_text;
-    for (const auto& [key, value] :
-         {std::pair<std::string, std::string>{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)},
-          {"WORLD_SIZE", std::to_string(nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}})
+    for (const auto& [key, value] : rank_environment(r, nproc, emulated_nodes, visible ? visible : ""))
       env_text.push_back(key + "=" + value);
+    env_text.push_back("MASTER_ADDR=127.0.0.1");
+    env_text.push_back("MASTER_PORT=" + std::to_string(port));
     // c10's logging (glog) would print its own copy of errors the ranks report in one line.
     if (std::getenv("GLOG_minloglevel") == nullptr) env_text.emplace_back("GLOG_minloglevel=3");
     for (char** e = environ; *e; ++e) env_text.emplace_back(*e);

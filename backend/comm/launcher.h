@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace stepcast::backend {
@@ -13,7 +14,21 @@ namespace stepcast::backend {
 // the launcher then exits 128 + the signal; ranks die with their launcher even when it is
 // killed outright (die_with_launcher). Returns the exit code of the first rank that
 // failed, or 0.
-int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s = 10);
+//
+// emulated_nodes > 1 (dividing nproc) starts them as that many nodes of nproc / emulated_nodes
+// ranks each, all on this host, to measure the multi-node path on one machine: each rank gets
+// its node's LOCAL_RANK and LOCAL_WORLD_SIZE, its node's slice of the GPUs (CUDA_VISIBLE_DEVICES),
+// and a host identity of its node's own (NCCL_HOSTID), so that NCCL sees separate hosts and
+// moves the bytes between nodes over its network transport instead of NVLink or shared memory
+// (with one rank per node, NCCL_P2P_DISABLE and NCCL_SHM_DISABLE as well). Each rank also
+// receives `--emulated-node N`, its node's index.
+int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s = 10, int emulated_nodes = 1);
+
+// The environment launch_local_ranks gives rank `rank` of `nproc` in `emulated_nodes` nodes,
+// beyond MASTER_ADDR and MASTER_PORT; `visible_devices` is the launcher's CUDA_VISIBLE_DEVICES
+// (empty: unset). Pairs of name and value.
+std::vector<std::pair<std::string, std::string>> rank_environment(int rank, int nproc, int emulated_nodes,
+                                                                  const std::string& visible_devices);
 
 // In a rank started by launch_local_ranks (which passes `--launcher-pid PID` to each rank):
 // the kernel sends this process SIGTERM when the launcher dies (PR_SET_PDEATHSIG); exits at
