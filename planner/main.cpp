@@ -270,7 +270,16 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     }
     j["suggestions"] = res.suggestions;
     j["ranking"] = {{"typical_error_frac", res.typical_error_frac}, {"tied_with_top", res.tied_with_top}};
-    j["notes"] = notes;
+    // What the text prints as "note:" lines, then the launchers' notes.
+    nlohmann::json all_notes = res.notes;
+    for (const auto& n : notes) all_notes.push_back(n);
+    j["notes"] = all_notes;
+    if (res.best_tight) j["best_tight"] = plan_to_json(*res.best_tight, ctx);
+    // A peer engine's user: the same job's best plan on the Stepcast backend, and the ratio.
+    if (ours && !res.ranked.empty())
+      j["stepcast_backend"] = {{"plan", plan_to_json(*ours, ctx)},
+                               {"tokens_per_s", ours->throughput.tokens_per_s},
+                               {"ratio_to_top_plan", ours->throughput.tokens_per_s / res.ranked.front().throughput.tokens_per_s}};
     std::cout << j.dump(2) << "\n";
   } else {
     const Prediction& any = res.ranked.empty() ? *res.smallest_memory : res.ranked.front();

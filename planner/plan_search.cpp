@@ -212,6 +212,28 @@ SearchResult search_plans(const SearchRequest& req) {
       result.notes.push_back(buf);
     }
   }
+  // A tight plan that would rank first: said, not ranked.
+  for (const Prediction& p : all)
+    if (p.tight && (!result.best_tight || better(p, *result.best_tight))) result.best_tight = p;
+  if (result.best_tight && !result.ranked.empty() && !better(*result.best_tight, result.ranked.front()))
+    result.best_tight.reset();
+  if (result.best_tight) {
+    const Prediction& t = *result.best_tight;
+    char buf[500];
+    char gain[80] = "no plan fits inside the headroom";
+    if (!result.ranked.empty())
+      std::snprintf(gain, sizeof gain, "%+.1f %% over the top plan",
+                    100.0 * (t.throughput.tokens_per_s / result.ranked.front().throughput.tokens_per_s - 1.0));
+    std::snprintf(buf, sizeof buf,
+                  "a plan the card holds but not its %.0f %% headroom would rank first: %s, micro-batch %lld, GAS "
+                  "%lld%s at %.0f tokens/s (%s); it %s. Not ranked: the headroom covers the memory model's misses "
+                  "(planner explain shows its interval)",
+                  100.0 * kGpuMemoryHeadroomFrac, family_name(t.config).c_str(),
+                  static_cast<long long>(t.config.micro_batch), static_cast<long long>(t.config.gas),
+                  t.config.activation_checkpointing ? ", checkpointing" : "", t.throughput.tokens_per_s, gain,
+                  t.reason.c_str());
+    result.notes.push_back(buf);
+  }
   // Intervals (2 x coefficients more evaluations each) for the plans anyone will read.
   auto add_interval = [&](Prediction& p) {
     if (req.hardware.coef_covariance.empty() && !req.hardware.coefs_calibrated && req.hardware.transferred_log_q95 <= 0) return;

@@ -58,6 +58,9 @@ struct SearchResult {
   // the plans the model cannot order.
   double typical_error_frac = 0;
   size_t tied_with_top = 0;
+  // The best plan the card holds inside its headroom only (Prediction::tight), where it ranks above
+  // the top plan: what accepting the memory model's risk would buy. Not ranked.
+  std::optional<Prediction> best_tight;
 };
 
 // One standard deviation of the relative step-time error a profile's predictions carry: its

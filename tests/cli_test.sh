@@ -110,6 +110,14 @@ assert all(p["config"].get("engine") == "deepspeed" for p in ds["plans"])
 off = lambda j: [p for p in j["plans"] if p["config"]["offload_optimizer"] == "cpu"]
 assert off(ds) and off(sc)
 assert all(not p["config"]["offload_pipeline"] and p["config"]["optimizer"] == "adamw" for p in off(ds))
+# The same job on the Stepcast backend, for the peer engine's user, in --json as in the text: its
+# best plan and the ratio of its tokens/s to the top plan's; the text's notes are in "notes".
+b = ds["stepcast_backend"]
+assert b["plan"]["config"].get("engine", "stepcast") == "stepcast"
+assert abs(b["ratio_to_top_plan"] - b["tokens_per_s"] / ds["plans"][0]["throughput"]["tokens_per_s"]) < 1e-12
+assert abs(b["tokens_per_s"] - sc["plans"][0]["throughput"]["tokens_per_s"]) <= 1e-9 * b["tokens_per_s"]
+assert any("on the Stepcast backend the same job" in n for n in ds["notes"])
+assert "stepcast_backend" not in sc
 assert all(p["config"]["offload_pipeline"] for p in off(sc))
 assert any(p["config"]["optimizer"] == "adamw8bit" for p in off(sc))
 # The same offload configuration is slower under DeepSpeed's serial order.

@@ -53,6 +53,26 @@ TEST_CASE("recommend 6b on 2 GPUs: ranked, fitting, global batch respected") {
   for (const auto& f : res.families) CHECK(!f.why.empty());
 }
 
+TEST_CASE("recommend: a plan that would rank first but only the card holds is named, not ranked") {
+  SearchRequest r = request("6b", 2);
+  const SearchResult free_res = search_plans(r);
+  REQUIRE(!free_res.ranked.empty());
+  CHECK_FALSE(free_res.best_tight);  // on the 140 GiB card the top plan has room
+  const Prediction top = free_res.ranked.front();
+  // A card 2 % above the top plan's need: the plan is tight there, and the one ranked first instead
+  // is another, slower one.
+  r.limits.gpu_memory_bytes = top.memory.gpu_required_bytes / 0.98;
+  const SearchResult res = search_plans(r);
+  REQUIRE(res.best_tight);
+  CHECK(res.best_tight->tight);
+  CHECK(ranking_score(*res.best_tight) >= ranking_score(top) * (1 - 1e-12));
+  if (!res.ranked.empty()) CHECK(ranking_score(res.ranked.front()) <= ranking_score(*res.best_tight));
+  for (const auto& p : res.ranked) CHECK_FALSE(p.tight);
+  bool said = false;
+  for (const auto& n : res.notes) said |= n.find("would rank first") != std::string::npos;
+  CHECK(said);
+}
+
 TEST_CASE("an explicit global batch must divide over the ranks") {
   SearchRequest r = request("6b", 3);
   CHECK_THROWS_AS(search_plans(r), InputError);  // 64 is not a multiple of 3
