@@ -463,9 +463,7 @@ int main_impl(int argc, char** argv) {
   die_with_launcher(launcher_pid);
   if (f.nproc < 1) throw InputError("--nproc " + std::to_string(f.nproc) + " must be at least 1");
   if (f.repeats < 1) throw InputError("--repeats " + std::to_string(f.repeats) + " must be at least 1");
-  if (f.emulate_nodes < 1 || f.nproc % f.emulate_nodes != 0)
-    throw InputError("--emulate-nodes " + std::to_string(f.emulate_nodes) + " must divide --nproc " +
-                     std::to_string(f.nproc) + " (ranks per emulated node)");
+  check_emulated_nodes(f.nproc, f.emulate_nodes);
   if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
     std::vector<std::string> args(argv, argv + argc);
     return launch_local_ranks(f.nproc, args, 10, f.emulate_nodes);

@@ -145,9 +145,7 @@ void check_run_flags(const Flags& f) {
   range("--timeout-s", f.timeout_s, 1, 1000000);
   range("--nproc", f.nproc, 1, 4096);
   range("--emulate-nodes", f.emulate_nodes, 1, 4096);
-  if (f.nproc % f.emulate_nodes != 0)
-    throw InputError("--emulate-nodes " + std::to_string(f.emulate_nodes) + " must divide --nproc " +
-                     std::to_string(f.nproc) + " (ranks per emulated node)");
+  check_emulated_nodes(f.nproc, f.emulate_nodes);
   // (--lr 0 is a run that leaves the parameters as initialised: the tests use it.)
   if (!(std::isfinite(f.lr) && f.lr >= 0)) throw InputError("--lr " + std::to_string(f.lr) + " must be a non-negative number");
   if (!(std::isfinite(f.weight_decay) && f.weight_decay >= 0))

@@ -54,6 +54,25 @@ std::vector<RunListEntry> read_run_list(const fs::path& list) {
     if (e.nproc < 1)
       throw InputError(e.where + ": expected 'MODEL NPROC [train flags]' with NPROC at least 1, got \"" + line + "\"");
     e.flags.assign(words.begin() + 2, words.end());
+    for (size_t i = 0; i < e.flags.size(); ++i) {
+      std::string value;
+      if (e.flags[i] == "--emulate-nodes" && i + 1 < e.flags.size())
+        value = e.flags[i + 1];
+      else if (e.flags[i].rfind("--emulate-nodes=", 0) == 0)
+        value = e.flags[i].substr(16);
+      else
+        continue;
+      try {
+        size_t used = 0;
+        e.emulated_nodes = std::stoi(value, &used);
+        if (used != value.size()) e.emulated_nodes = 0;
+      } catch (const std::exception&) {
+        e.emulated_nodes = 0;
+      }
+      if (e.emulated_nodes < 1 || e.nproc % e.emulated_nodes != 0)
+        throw InputError(e.where + ": --emulate-nodes \"" + value + "\" must be a whole number that divides NPROC " +
+                         std::to_string(e.nproc));
+    }
     out.push_back(std::move(e));
   }
   return out;
@@ -291,32 +310,16 @@ std::string first_error_line(const fs::path& err_path) {
 nlohmann::json explain_line(const std::string& planner, const RunListEntry& it, const std::string& engine,
                             const std::string& hardware, const std::string& data_dir, const fs::path& plan,
                             const fs::path& ds, const fs::path& err) {
-  // A line that emulates K nodes on one host (train --emulate-nodes K) is, to the planner, K nodes
-  // of NPROC / K GPUs.
+  // A line that emulates K nodes on one host is, to the planner, K nodes of NPROC / K GPUs
+  // (read_run_list parsed the flag); the planner takes every other flag as train does.
   std::vector<std::string> flags;
-  int nodes = 1;
   for (size_t i = 0; i < it.flags.size(); ++i) {
-    const std::string& f = it.flags[i];
-    std::string value;
-    if (f == "--emulate-nodes" && i + 1 < it.flags.size())
-      value = it.flags[++i];
-    else if (f.rfind("--emulate-nodes=", 0) == 0)
-      value = f.substr(16);
-    else {
-      flags.push_back(f);
-      continue;
-    }
-    try {
-      size_t used = 0;
-      nodes = std::stoi(value, &used);
-      if (used != value.size()) nodes = 0;
-    } catch (const std::exception&) {
-      nodes = 0;
-    }
-    if (nodes < 1 || it.nproc % nodes != 0)
-      throw InputError(it.where + ": --emulate-nodes \"" + value + "\" must be a whole number that divides NPROC " +
-                       std::to_string(it.nproc));
+    if (it.flags[i] == "--emulate-nodes")
+      ++i;
+    else if (it.flags[i].rfind("--emulate-nodes=", 0) != 0)
+      flags.push_back(it.flags[i]);
   }
+  const int nodes = it.emulated_nodes;
   std::vector<std::string> argv{planner, "explain", "--model", it.model, "--gpus", std::to_string(it.nproc / nodes),
                                 "--nodes", std::to_string(nodes), "--engine", engine, "--hardware", hardware, "--json"};
   if (!data_dir.empty()) argv.insert(argv.end(), {"--data-dir", data_dir});

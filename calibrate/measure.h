@@ -18,8 +18,9 @@ namespace stepcast::calibrate {
 struct RunListEntry {
   std::string model;
   int nproc = 1;
-  std::vector<std::string> flags;
-  std::string where;  // "file:line"
+  std::vector<std::string> flags;  // train's flags as written, --emulate-nodes among them
+  int emulated_nodes = 1;          // the line's `--emulate-nodes K`: to the planner, K nodes of NPROC / K GPUs
+  std::string where;               // "file:line"
 };
 
 // Throws InputError naming the file and line of a malformed entry.

@@ -71,6 +71,10 @@ struct StepFeatures {
   // stage 3 on one rank the "gathers" are device copies of every unit, before its forward and
   // before its backward.
   double grad_accum_bytes_micro = 0, local_gather_bytes_micro = 0;
+  // HBM bytes per micro-batch (a step's mean) that FSDP2's fully_shard copies on the compute
+  // stream around its collectives, on any number of ranks: the all-gathers' copy-out, the
+  // gradients' copy into the fp32 reduce-scatter input (step_features.cpp).
+  double fsdp_copy_bytes_fwd_micro = 0, fsdp_copy_bytes_bwd_micro = 0;
   double param_fetches_micro = 0;  // hooked parameter fetches per micro-batch (peer engines' stage 3)
   double param_fetch_bytes_micro = 0;  // parameter bytes those fetches make available per micro-batch
   double fetch_fwd_frac = 0;       // share of those fetches (and of the exposed gathers) in the forward

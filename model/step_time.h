@@ -235,9 +235,11 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T stream_bw = f.hbm_bytes_per_s * coef[kGpuOptBwEffFrac];
   const T local_gather_s = 0.5 * f.local_gather_bytes_micro / stream_bw;  // half before each pass
   const T grad_accum_s = f.grad_accum_bytes_micro / stream_bw;
+  const T fsdp_copy_fwd_s = f.fsdp_copy_bytes_fwd_micro / stream_bw;
+  const T fsdp_copy_bwd_s = f.fsdp_copy_bytes_bwd_micro / stream_bw;
 
   const T fwd_gpu_s = gemm_fwd_s + attn_fwd_s + elementwise_fwd_s + overhead_s + adapter_fwd_s + local_gather_s +
-                      f.attn_score_bytes_fwd / f.hbm_bytes_per_s;
+                      fsdp_copy_fwd_s + f.attn_score_bytes_fwd / f.hbm_bytes_per_s;
   // The backward: data-gradient GEMMs at the forward GEMMs' time, weight-gradient GEMMs at
   // weight_grad_gemm_mult of it (none for PEFT's frozen weights), the element-wise ops at
   // backward_slowdown_mult of twice the forward's.
@@ -248,7 +250,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       attention_s([&](double flops, double peak, bool fp32_pass) {
         return attention_bwd_time_s(flops, f.seq_len, f.attn_bwd_flops_mult, math_attn, peak, coef, fp32_pass);
       }) * f.attn_head_dim_rel_bwd +
-      overhead_s + local_gather_s + grad_accum_s + f.attn_score_bytes_bwd / f.hbm_bytes_per_s;
+      overhead_s + local_gather_s + grad_accum_s + fsdp_copy_bwd_s + f.attn_score_bytes_bwd / f.hbm_bytes_per_s;
   // The host's time to issue a layer: the engine's (fitted), scaled for a peer by its model
   // implementation's measured cost relative to the profiled families (transformers' Python).
   const T launch_fwd_s = coef[kHostLayerFwdS] * f.impl_host_fwd_rel * f.num_layers;

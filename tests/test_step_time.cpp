@@ -240,6 +240,50 @@ TEST_CASE("our backend's gradient accumulation and one rank's stage-3 gathers, b
   CHECK(s2.forward_s == doctest::Approx(s1.forward_s).epsilon(1e-12));
 }
 
+TEST_CASE("FSDP2's copies on the compute stream, by hand") {
+  // torch 2.11 fully_shard, llama-2-7b in bf16 (wb = 2 B), no adapter: every parameter is
+  // trainable. Each all-gather copies its output into the unsharded parameters (read and write
+  // 2 B a parameter); each reduction copies the bf16 gradients into the fp32 reduce-scatter input
+  // (read 2, write 4). Neither depends on the number of ranks.
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double n_params = 6'738'415'616.0;
+  const auto fsdp2 = [](int stage, int gpus, int gas, bool sync_each) {
+    TrainConfig c = config(stage, gpus, 2, gas);
+    c.engine = Engine::kFsdp2;
+    c.grad_sync_each_micro = sync_each;
+    return c;
+  };
+  // Stage 3, reducing each micro-batch: one gather before the forward; one before the backward
+  // and one reduction in it: 4 + 6 = 10 B a parameter.
+  for (int gpus : {1, 2}) {
+    const StepFeatures f = make_features(m, hw, fsdp2(3, gpus, 4, true)).step;
+    CHECK(f.fsdp_copy_bytes_fwd_micro == doctest::Approx(4.0 * n_params).epsilon(1e-12));
+    CHECK(f.fsdp_copy_bytes_bwd_micro == doctest::Approx(10.0 * n_params).epsilon(1e-12));
+  }
+  // Stage 2 keeps the gathered parameters to the backward: no second copy-out.
+  CHECK(make_features(m, hw, fsdp2(2, 1, 4, true)).step.fsdp_copy_bytes_bwd_micro ==
+        doctest::Approx(6.0 * n_params).epsilon(1e-12));
+  // Without sync the fp32 sum is reduced once a step (read and write 4 B): 8 / GAS a micro-batch.
+  CHECK(make_features(m, hw, fsdp2(2, 1, 4, false)).step.fsdp_copy_bytes_bwd_micro ==
+        doctest::Approx(8.0 / 4.0 * n_params).epsilon(1e-12));
+  // Our backend and DeepSpeed have none of it.
+  TrainConfig ds = config(3, 1, 2, 4);
+  ds.engine = Engine::kDeepSpeed;
+  CHECK(make_features(m, hw, ds).step.fsdp_copy_bytes_bwd_micro == 0.0);
+  CHECK(make_features(m, hw, config(3, 1, 2, 4)).step.fsdp_copy_bytes_fwd_micro == 0.0);
+  // Their time lands in the passes at the GPU optimizer's share (0.70) of 4.8 TB/s: stage 3,
+  // reducing each micro-batch, against the same features without the copies, over the step's
+  // 4 micro-batches.
+  const CoefVector c = ideal_coefs();
+  const StepFeatures with = make_features(m, hw, fsdp2(3, 1, 4, true)).step;
+  StepFeatures without = with;
+  without.fsdp_copy_bytes_fwd_micro = without.fsdp_copy_bytes_bwd_micro = 0.0;
+  const StepTime<double> a = predict_step_time(with, c.data()), b = predict_step_time(without, c.data());
+  CHECK(a.forward_s - b.forward_s == doctest::Approx(4 * 4.0 * n_params / (4.8e12 * 0.70)).epsilon(1e-6));
+  CHECK(a.backward_s - b.backward_s == doctest::Approx(4 * 10.0 * n_params / (4.8e12 * 0.70)).epsilon(1e-6));
+}
+
 TEST_CASE("collectives: all-reduce bus bandwidth matches nccl-tests on 2 x H200 (NV18)") {
   // docs/h200_measurements.md: busbw measured with nccl-tests: 246 GB/s at 64 MB, 325 at 1 GiB
   // (all-reduce); 258 / 263 at 1 GiB (reduce-scatter / all-gather). At 4 MB it lists

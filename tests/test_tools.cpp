@@ -196,9 +196,13 @@ TEST_CASE("calibrate measure passes flags as arguments, never through a shell") 
 TEST_CASE("emulated nodes: each rank's environment, by hand") {
   const auto env_of = [](int rank, int nproc, int nodes, const std::string& visible) {
     std::map<std::string, std::string> m;
-    for (const auto& [k, v] : rank_environment(rank, nproc, nodes, visible)) m[k] = v;
+    for (const auto& [k, v] : rank_environment(rank, nproc, nodes, visible).variables) m[k] = v;
     return m;
   };
+  // The node index the launcher passes as --emulated-node: rank / (nproc / nodes).
+  CHECK(rank_environment(3, 4, 2, "").node == 1);
+  CHECK(rank_environment(1, 4, 2, "").node == 0);
+  CHECK(rank_environment(1, 2, 1, "").node == 0);
   // One node: torchrun's variables only.
   auto e = env_of(1, 2, 1, "");
   CHECK(e == std::map<std::string, std::string>{{"RANK", "1"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}});

@@ -1,5 +1,7 @@
 #include "backend/comm/launcher.h"
 
+#include "common/errors.h"
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -67,17 +69,24 @@ int free_port() {
   return port;
 }
 
-std::vector<std::pair<std::string, std::string>> rank_environment(int rank, int nproc, int emulated_nodes,
-                                                                  const std::string& visible_devices) {
+void check_emulated_nodes(int nproc, int emulated_nodes) {
+  if (emulated_nodes < 1 || nproc % emulated_nodes != 0)
+    throw InputError("--emulate-nodes " + std::to_string(emulated_nodes) + " must divide --nproc " +
+                     std::to_string(nproc) + " (ranks per emulated node)");
+}
+
+RankEnvironment rank_environment(int rank, int nproc, int emulated_nodes, const std::string& visible_devices) {
   const int nodes = std::max(1, emulated_nodes);
   const int per_node = nproc / nodes;
   const int node = rank / per_node;
-  std::vector<std::pair<std::string, std::string>> env = {
-      {"RANK", std::to_string(rank)},
-      {"LOCAL_RANK", std::to_string(rank % per_node)},
-      {"WORLD_SIZE", std::to_string(nproc)},
-      {"LOCAL_WORLD_SIZE", std::to_string(per_node)}};
-  if (nodes == 1) return env;
+  RankEnvironment out;
+  out.node = node;
+  auto& env = out.variables;
+  env = {{"RANK", std::to_string(rank)},
+         {"LOCAL_RANK", std::to_string(rank % per_node)},
+         {"WORLD_SIZE", std::to_string(nproc)},
+         {"LOCAL_WORLD_SIZE", std::to_string(per_node)}};
+  if (nodes == 1) return out;
   // The node's GPUs: its slice of the launcher's visible devices, or of 0..nproc-1.
   std::vector<std::string> devices;
   if (visible_devices.empty()) {
@@ -102,7 +111,7 @@ std::vector<std::pair<std::string, std::string>> rank_environment(int rank, int 
     env.emplace_back("NCCL_P2P_DISABLE", "1");
     env.emplace_back("NCCL_SHM_DISABLE", "1");
   }
-  return env;
+  return out;
 }
 
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s, int emulated_nodes) {
@@ -119,16 +128,16 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grac
   rank_args.insert(rank_args.end(), {"--launcher-pid", std::to_string(::getpid())});
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   for (int r = 0; r < nproc; ++r) {
+    const RankEnvironment rank_env = rank_environment(r, nproc, emulated_nodes, visible ? visible : "");
     std::vector<std::string> this_args = rank_args;
-    if (emulated_nodes > 1) this_args.insert(this_args.end(), {"--emulated-node", std::to_string(r / (nproc / emulated_nodes))});
+    if (emulated_nodes > 1) this_args.insert(this_args.end(), {"--emulated-node", std::to_string(rank_env.node)});
     std::vector<char*> argv;
     for (const auto& a : this_args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     // This process's environment plus torchrun's variables for rank r.
     // Ours first: getenv returns the first match, so they win over inherited ones.
     std::vector<std::string> env_text;
-    for (const auto& [key, value] : rank_environment(r, nproc, emulated_nodes, visible ? visible : ""))
-      env_text.push_back(key + "=" + value);
+    for (const auto& [key, value] : rank_env.variables) env_text.push_back(key + "=" + value);
     env_text.push_back("MASTER_ADDR=127.0.0.1");
     env_text.push_back("MASTER_PORT=" + std::to_string(port));
     // c10's logging (glog) would print its own copy of errors the ranks report in one line.

@@ -24,11 +24,18 @@ namespace stepcast::backend {
 // receives `--emulated-node N`, its node's index.
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, int grace_s = 10, int emulated_nodes = 1);
 
-// The environment launch_local_ranks gives rank `rank` of `nproc` in `emulated_nodes` nodes,
-// beyond MASTER_ADDR and MASTER_PORT; `visible_devices` is the launcher's CUDA_VISIBLE_DEVICES
-// (empty: unset). Pairs of name and value.
-std::vector<std::pair<std::string, std::string>> rank_environment(int rank, int nproc, int emulated_nodes,
-                                                                  const std::string& visible_devices);
+// What launch_local_ranks gives rank `rank` of `nproc` in `emulated_nodes` nodes: its node's
+// index (0 without emulation) and its environment beyond MASTER_ADDR and MASTER_PORT, as pairs of
+// name and value; `visible_devices` is the launcher's CUDA_VISIBLE_DEVICES (empty: unset).
+struct RankEnvironment {
+  int node = 0;
+  std::vector<std::pair<std::string, std::string>> variables;
+};
+RankEnvironment rank_environment(int rank, int nproc, int emulated_nodes, const std::string& visible_devices);
+
+// `--emulate-nodes` must be at least 1 and divide `--nproc` (ranks per emulated node); throws
+// InputError naming both flags otherwise. train and microbench check their flags with it.
+void check_emulated_nodes(int nproc, int emulated_nodes);
 
 // In a rank started by launch_local_ranks (which passes `--launcher-pid PID` to each rank):
 // the kernel sends this process SIGTERM when the launcher dies (PR_SET_PDEATHSIG); exits at
