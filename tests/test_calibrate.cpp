@@ -10,6 +10,7 @@
 
 #include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
+#include "calibrate/measure.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/report.h"
 #include "calibrate/run_record.h"
@@ -288,6 +289,27 @@ TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
   std::ofstream(p) << R"({"kind":"micro","bench":"fft","seconds":1})" << "\n";
   CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("unknown value \"fft\""), InputError);
   fs::remove(p);
+}
+
+TEST_CASE("a run list line's --emulate-nodes is read once, and kept among train's flags") {
+  const std::filesystem::path list = std::filesystem::temp_directory_path() / "stepcast_emulate_list.txt";
+  {
+    std::ofstream out(list);
+    out << "# comment\npythia-2.8b 2 --stage 2 --emulate-nodes 2\nllama-2-7b 4 --emulate-nodes=2 --stage 3\n"
+           "llama-2-7b 1 --stage 0\n";
+  }
+  const std::vector<calibrate::RunListEntry> items = calibrate::read_run_list(list);
+  REQUIRE(items.size() == 3);
+  CHECK(items[0].emulated_nodes == 2);
+  CHECK(items[0].flags == std::vector<std::string>{"--stage", "2", "--emulate-nodes", "2"});
+  CHECK(items[1].emulated_nodes == 2);
+  CHECK(items[2].emulated_nodes == 1);
+  {
+    std::ofstream out(list);
+    out << "pythia-2.8b 2 --emulate-nodes 3\n";
+  }
+  CHECK_THROWS_AS(calibrate::read_run_list(list), InputError);
+  std::filesystem::remove(list);
 }
 
 TEST_CASE("micro-benchmark records across emulated nodes take the inter-node link and its coefficients") {
