@@ -478,19 +478,21 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     // reduction's copy of the gradients into its fp32 input (chunk_cat: read wb, write 4; read
     // and write 4 for fp32 gradients). Stage 3 gathers before the forward and again before the
     // backward; stage 2 (reshard_after_forward off) before the forward only. Without sync the
-    // unsharded gradients accumulate in fp32 and the last micro-batch reduces them once.
+    // post-backward casts the first micro-batch's unsharded gradients to fp32 (read wb, write 4),
+    // adds each later one into that sum (read 4 + wb, write 4), and the last reduces it once.
     // Not charged: the cast of the fp32 shard and its copy into the all-gather input (on the
     // all-gather copy-in stream), the one-rank copy and the sharded gradient's accumulation (on
     // the reduce-scatter stream), which overlap the layers. Charging those too took the FSDP2
     // section's leave-one-configuration-out step error from 10.6 to 14.8 % mean; the
     // compute-stream copies alone: 6.9 -> 6.6 % mean, 19.6 -> 15.4 % max on its GPU-bound
-    // configurations (docs/engines.md).
+    // configurations; with the unsynced accumulation too (48 configurations) 6.3 -> 5.9 % mean
+    // (docs/engines.md).
     const double copy_out_bytes = 2.0 * wb;
     const double gathers_bwd = stage == 3 ? 1.0 : 0.0;
     f.fsdp_copy_bytes_fwd_micro = params * copy_out_bytes;
     const double g = static_cast<double>(c.gas);
     const bool sync_last = c.gas > 1 && !c.grad_sync_each_micro;
-    const double reduce_bytes_step = sync_last ? 8.0 : g * (wb + 4.0);
+    const double reduce_bytes_step = sync_last ? (wb + 4.0) + (g - 1.0) * (8.0 + wb) + 8.0 : g * (wb + 4.0);
     f.fsdp_copy_bytes_bwd_micro = params * copy_out_bytes * gathers_bwd + trainable * reduce_bytes_step / g;
   }
   const bool multi_node = c.nodes > 1;
