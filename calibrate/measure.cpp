@@ -31,6 +31,17 @@ std::vector<std::string> split_words(const std::string& text) {
   return out;
 }
 
+// `text` as a whole number, or 0 where it is not one.
+static int whole_number(const std::string& text) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(text, &used);
+    return used == text.size() ? v : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 std::vector<RunListEntry> read_run_list(const fs::path& list) {
   std::ifstream in(list);
   if (!in) throw InputError(list.string() + ": cannot open the run list");
@@ -44,31 +55,22 @@ std::vector<RunListEntry> read_run_list(const fs::path& list) {
     RunListEntry e;
     e.where = list.string() + ":" + std::to_string(n);
     e.model = words[0];
-    try {
-      size_t used = 0;
-      e.nproc = words.size() > 1 ? std::stoi(words[1], &used) : 0;
-      if (used != (words.size() > 1 ? words[1].size() : 0)) e.nproc = 0;
-    } catch (const std::exception&) {
-      e.nproc = 0;
-    }
+    e.nproc = words.size() > 1 ? whole_number(words[1]) : 0;
     if (e.nproc < 1)
       throw InputError(e.where + ": expected 'MODEL NPROC [train flags]' with NPROC at least 1, got \"" + line + "\"");
     e.flags.assign(words.begin() + 2, words.end());
     for (size_t i = 0; i < e.flags.size(); ++i) {
       std::string value;
-      if (e.flags[i] == "--emulate-nodes" && i + 1 < e.flags.size())
-        value = e.flags[i + 1];
-      else if (e.flags[i].rfind("--emulate-nodes=", 0) == 0)
+      if (e.flags[i] == "--emulate-nodes") {
+        if (++i < e.flags.size()) value = e.flags[i];
+        else continue;
+      } else if (e.flags[i].rfind("--emulate-nodes=", 0) == 0) {
         value = e.flags[i].substr(16);
-      else
+      } else {
+        e.planner_flags.push_back(e.flags[i]);
         continue;
-      try {
-        size_t used = 0;
-        e.emulated_nodes = std::stoi(value, &used);
-        if (used != value.size()) e.emulated_nodes = 0;
-      } catch (const std::exception&) {
-        e.emulated_nodes = 0;
       }
+      e.emulated_nodes = whole_number(value);
       if (e.emulated_nodes < 1 || e.nproc % e.emulated_nodes != 0)
         throw InputError(e.where + ": --emulate-nodes \"" + value + "\" must be a whole number that divides NPROC " +
                          std::to_string(e.nproc));
@@ -310,16 +312,9 @@ std::string first_error_line(const fs::path& err_path) {
 nlohmann::json explain_line(const std::string& planner, const RunListEntry& it, const std::string& engine,
                             const std::string& hardware, const std::string& data_dir, const fs::path& plan,
                             const fs::path& ds, const fs::path& err) {
-  // A line that emulates K nodes on one host is, to the planner, K nodes of NPROC / K GPUs
-  // (read_run_list parsed the flag); the planner takes every other flag as train does.
-  std::vector<std::string> flags;
-  for (size_t i = 0; i < it.flags.size(); ++i) {
-    if (it.flags[i] == "--emulate-nodes")
-      ++i;
-    else if (it.flags[i].rfind("--emulate-nodes=", 0) != 0)
-      flags.push_back(it.flags[i]);
-  }
+  // A line that emulates K nodes on one host is, to the planner, K nodes of NPROC / K GPUs.
   const int nodes = it.emulated_nodes;
+  const std::vector<std::string>& flags = it.planner_flags;
   std::vector<std::string> argv{planner, "explain", "--model", it.model, "--gpus", std::to_string(it.nproc / nodes),
                                 "--nodes", std::to_string(nodes), "--engine", engine, "--hardware", hardware, "--json"};
   if (!data_dir.empty()) argv.insert(argv.end(), {"--data-dir", data_dir});

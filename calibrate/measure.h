@@ -20,6 +20,7 @@ struct RunListEntry {
   int nproc = 1;
   std::vector<std::string> flags;  // train's flags as written, --emulate-nodes among them
   int emulated_nodes = 1;          // the line's `--emulate-nodes K`: to the planner, K nodes of NPROC / K GPUs
+  std::vector<std::string> planner_flags;  // `flags` less --emulate-nodes, which the planner reads as --gpus and --nodes
   std::string where;               // "file:line"
 };
 

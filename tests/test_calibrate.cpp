@@ -304,6 +304,8 @@ TEST_CASE("a run list line's --emulate-nodes is read once, and kept among train'
   CHECK(items[0].flags == std::vector<std::string>{"--stage", "2", "--emulate-nodes", "2"});
   CHECK(items[1].emulated_nodes == 2);
   CHECK(items[2].emulated_nodes == 1);
+  CHECK(items[0].planner_flags == std::vector<std::string>{"--stage", "2"});
+  CHECK(items[1].planner_flags == std::vector<std::string>{"--stage", "3"});
   {
     std::ofstream out(list);
     out << "pythia-2.8b 2 --emulate-nodes 3\n";
