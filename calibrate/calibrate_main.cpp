@@ -1,6 +1,8 @@
 // calibrate: fits the cost model to measured runs and reports its accuracy.
 //
 //   calibrate fit    --runs data/runs/h200-sxm/*.jsonl --hardware h200-sxm [--out FILE] [--holdout-frac 0.25]
+//   calibrate fit    --runs micro.jsonl --hardware a40 [--out FILE]   (micro-benchmarks alone: the
+//                    components microbench timed on that hardware, as [coefficients.measured])
 //   calibrate report --runs ... --hardware h200-sxm [--json] [--svg FILE]
 //   calibrate report --published [FILE...] [--json]   (data/published: others' measurements)
 //   calibrate predict --list bench/runlists/X.txt --engine deepspeed [--out FILE] [--json]

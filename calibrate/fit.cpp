@@ -232,6 +232,36 @@ FitResult fit_components(const std::vector<MicroRecord>& micro, const HardwarePr
   return result;
 }
 
+std::vector<Coef> component_rate_coefs(const std::vector<MicroRecord>& micro) {
+  static const std::vector<Coef> kRates = {kGemmEffMaxFrac,    kAttnEffMaxFrac, kAttnBwdEffMaxFrac,
+                                           kIntraBusEffFrac,   kInterBusEffFrac, kPcieEffFrac,
+                                           kGpuOptBwEffFrac,   kGpuOptFlopsPerS, kCpuCoreBytesPerSPerLane,
+                                           kCpuLaneFlopsPerS,  kCpuDramEffFrac};
+  std::vector<Coef> out;
+  for (Coef c : component_coefs(micro))
+    if (std::find(kRates.begin(), kRates.end(), c) != kRates.end()) out.push_back(c);
+  return out;
+}
+
+FitResult fit_component_rates(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
+                              const std::vector<Coef>& free, const FitOptions& opt) {
+  const Scales scales = coef_scales();
+  CoefVector u{};
+  for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
+  ceres::Problem problem;
+  for (const auto& r : micro)
+    problem.AddResidualBlock(MicroResidual::Create(r, hw, opt.sigma_micro, scales),
+                             new ceres::CauchyLoss(opt.cauchy_scale), u.data());
+  FitOptions o = opt;
+  o.component_priors.clear();
+  for (Coef c : free) o.component_priors.push_back({c, start[c], opt.sigma_prior});
+  FitResult result = solve(problem, u, scales, free, o);
+  double ss = 0;
+  for (const auto& r : micro) ss += std::pow(std::log(predict_micro(r, hw, result.coefs.data()) / r.seconds), 2);
+  result.model_error_frac = micro.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(micro.size()));
+  return result;
+}
+
 FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector& start, const FitOptions& opt) {
   const Scales scales = coef_scales();
   CoefVector u{};

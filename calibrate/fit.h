@@ -83,6 +83,17 @@ std::vector<Coef> default_free_coefs();
 FitResult fit_components(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
                          const FitOptions& options);
 
+// The coefficients that set a component's speed (an efficiency, a bus or memory share, a
+// per-lane rate) among those these records read: not its shape (a half-efficiency point) nor
+// its fixed costs (a latency, a per-call overhead), which a few records place poorly and a
+// ratio of two such fits magnifies (a half point near its bound).
+std::vector<Coef> component_rate_coefs(const std::vector<MicroRecord>& micro);
+
+// Stage 1 over `free` alone, every other coefficient held at `start`; each free coefficient's
+// prior is centred on its start (options.sigma_prior wide).
+FitResult fit_component_rates(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
+                              const std::vector<Coef>& free, const FitOptions& options);
+
 // The coefficients stage 1 can measure from these records.
 std::vector<Coef> component_coefs(const std::vector<MicroRecord>& micro);
 

@@ -10,6 +10,7 @@
 
 #include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
+#include "calibrate/measured_fit.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/report.h"
 #include "calibrate/run_record.h"
@@ -32,6 +33,9 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   HardwareProfile hw = for_engine(resolve_hardware(hw_name, resolve_data_dir(dir)), engine);
   check_output_path(out_path.empty() ? hw.path : out_path);  // before the fit, not after it
   const auto runs = runs_of_engine(load_runs(files, resolve_data_dir(dir)), engine);
+  // Micro-benchmarks alone (microbench on hardware no step run calibrates): its measured components.
+  if (runs.empty() && engine == "stepcast" && !load_micro(files).empty())
+    return run_measured_fit(run_files, hw_name, out_path, dir, json);
   std::vector<Observation> obs;
   size_t held = 0;
   for (const auto& r : runs) {

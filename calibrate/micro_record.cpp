@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "calibrate/run_record.h"
@@ -63,11 +64,15 @@ std::string MicroRecord::label() const {
 
 std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& files) {
   std::vector<MicroRecord> out;
-  for_each_jsonl(files, "\"micro\"", [&](const std::filesystem::path&, const std::string& where, const nlohmann::json& j) {
+  std::map<std::filesystem::path, std::string> device_of;  // each file's latest micro_env device
+  for_each_jsonl(files, "\"micro", [&](const std::filesystem::path& file, const std::string& where, const nlohmann::json& j) {
+    if (j.value("kind", "") == "micro_env" && j.contains("device") && j.at("device").is_string())
+      device_of[file] = j.at("device").get<std::string>();
     if (j.value("kind", "") != "micro") return;
     try {
       MicroRecord r;
       r.where = where;
+      r.device = device_of.count(file) ? device_of.at(file) : std::string();
       const std::string bench = j.at("bench").get<std::string>();
       bool known = false;
       for (const auto& bn : kBenchNames)
@@ -125,6 +130,8 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
   });
   return out;
 }
+
+bool times_gpu(MicroBench b) { return b != MicroBench::kCpuOptimizer; }
 
 std::vector<Coef> micro_coefs(const MicroRecord& r) {
   std::vector<Coef> out = micro_coefs(r.bench);

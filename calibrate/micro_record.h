@@ -33,12 +33,18 @@ struct MicroRecord {
   // optimizers: parameters updated, CPU threads
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   double params = 0, threads = 0;
+  // The device the file's "micro_env" line names ("NVIDIA H200", "cpu"); empty where none precedes.
+  std::string device;
   std::string label() const;  // e.g. "gemm 8192x11008x4096"
 };
 
 // Reads the "kind": "micro" lines of JSONL files (other lines are skipped);
 // a malformed micro line fails with file:line and the key.
 std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& files);
+
+// True for the benchmarks that time the GPU or its links (all but the CPU optimizer): on a
+// "cpu" device they time the CPU instead and measure nothing of the GPU.
+bool times_gpu(MicroBench b);
 
 // The coefficients a record's formula reads (those the component fit may move).
 std::vector<Coef> micro_coefs(MicroBench b);

@@ -121,7 +121,8 @@ std::string coefficient_status(const HardwareProfile& hw, const std::string& eng
   const auto it = hw.engines.find(engine);
   const bool transferred = it != hw.engines.end() && !it->second.calibrated && !hw.engines_from.empty();
   if (hw.coefs_calibrated) return "hardware calibrated, engine not";
-  return transferred ? "engine from " + hw.engines_from + ", hardware uncalibrated" : "uncalibrated";
+  const std::string measured = hw.measured.empty() ? "" : ", components measured";
+  return (transferred ? "engine from " + hw.engines_from + ", hardware uncalibrated" : "uncalibrated") + measured;
 }
 
 namespace {

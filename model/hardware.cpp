@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "common/errors.h"
@@ -269,7 +270,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
     for (const auto& [key, node] : c->table()) {
       std::string name(key.str());
       if (name == "calibrated" || name == "source" || name == "std_errors" || name == "covariance" ||
-          name == "interval")
+          name == "interval" || name == "measured")
         continue;
       if (name == "model_error_frac") {
         hw.model_error_frac = c->get_double(name, 0.0, 5.0);
@@ -322,6 +323,23 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       }
     }
     if (auto iv = c->subtable_opt("interval")) hw.interval = parse_interval(*iv);
+    if (auto m = c->subtable_opt("measured")) {
+      m->reject_unknown_keys({"reference", "source", "runs", "rel"});
+      hw.measured.reference = m->get_string("reference");
+      hw.measured.source = m->get_string("source");
+      hw.measured.runs = m->get_string_array_or("runs");
+      const TomlReader rel = m->subtable("rel");
+      for (const auto& [key, node] : rel.table()) {
+        const std::string name(key.str());
+        const auto id = coef_by_name(name);
+        if (!id)
+          throw InputError(origin + ": key 'coefficients.measured.rel." + name + "' is not a cost-model coefficient");
+        // A component a hundred times faster or slower than on the reference is a broken record.
+        hw.measured.rel[*id] = rel.get_double(name, 0.01, 100.0);
+      }
+      if (hw.measured.rel.empty())
+        throw InputError(origin + ": key 'coefficients.measured.rel' holds no coefficient");
+    }
     if (auto cv = c->subtable_opt("covariance")) {
       // names = [free coefficients], values = [[row], ...] in that order.
       const auto names = cv->get_string_array_or("names");
@@ -520,25 +538,83 @@ void relate_layer_costs(HostSpec& host) {
 
 HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_dir) {
   std::error_code ec;
-  if (name.ends_with(".toml") || name.find('/') != std::string::npos) {
-    if (!fs::exists(name, ec)) throw InputError(name + ": no such hardware profile file");
-    return load_hardware_profile(name);
+  const bool is_path = name.ends_with(".toml") || name.find('/') != std::string::npos;
+  const fs::path file = is_path ? fs::path(name) : data_dir / "hardware" / (name + ".toml");
+  if (!fs::exists(file, ec)) {
+    if (is_path) throw InputError(name + ": no such hardware profile file");
+    throw InputError("unknown hardware '" + name + "' (known: " + join_names(list_hardware(data_dir)) + ")");
   }
-  const fs::path file = data_dir / "hardware" / (name + ".toml");
-  if (fs::exists(file, ec)) {
-    HardwareProfile hw = load_hardware_profile(file);
-    if (!hw.engines_from.empty()) {
-      const fs::path ref_file = data_dir / "hardware" / (hw.engines_from + ".toml");
-      if (hw.engines_from == name || !fs::exists(ref_file, ec))
-        throw InputError(file.string() + ": key 'coefficients.engines_from' = \"" + hw.engines_from +
-                         "\" names no other profile in " + (data_dir / "hardware").string());
-      const HardwareProfile ref = load_hardware_profile(ref_file);
-      transfer_engine_sections(hw, ref);
-      transfer_measured_tables(hw, ref);
+  HardwareProfile hw = load_hardware_profile(file);
+  // A profile file outside the data folder (calibrate fit --out) takes its reference from it too.
+  std::optional<HardwareProfile> engines_ref;
+  if (!hw.engines_from.empty()) {
+    const fs::path ref_file = data_dir / "hardware" / (hw.engines_from + ".toml");
+    if (hw.engines_from == hw.name || !fs::exists(ref_file, ec))
+      throw InputError(file.string() + ": key 'coefficients.engines_from' = \"" + hw.engines_from +
+                       "\" names no other profile in " + (data_dir / "hardware").string());
+    engines_ref = load_hardware_profile(ref_file);
+    transfer_engine_sections(hw, *engines_ref);
+    transfer_measured_tables(hw, *engines_ref);
+  }
+  if (!hw.measured.empty()) {
+    const std::string& ref_name = hw.measured.reference;
+    if (ref_name == hw.name) {
+      const HardwareProfile self = hw;
+      apply_measured(hw, self);
+    } else if (engines_ref && ref_name == hw.engines_from) {
+      apply_measured(hw, *engines_ref);
+    } else {
+      throw InputError(file.string() + ": key 'coefficients.measured.reference' = \"" + ref_name +
+                       "\" is neither this profile (\"" + hw.name + "\") nor its engines_from (\"" + hw.engines_from +
+                       "\")");
     }
-    return hw;
   }
-  throw InputError("unknown hardware '" + name + "' (known: " + join_names(list_hardware(data_dir)) + ")");
+  return hw;
+}
+
+void apply_measured(HardwareProfile& hw, const HardwareProfile& ref) {
+  if (hw.measured_applied) return;
+  if (!ref.coefs_calibrated)
+    throw InputError(hw.path + ": key 'coefficients.measured.reference' = \"" + ref.name +
+                     "\" is not a calibrated profile: measured ratios need its fitted values");
+  const auto scaled = [](Coef c, double value, double ratio) {
+    const CoefInfo& info = coef_table()[c];
+    return std::clamp(value * ratio, info.lower, info.upper);
+  };
+  for (const auto& [c, ratio] : hw.measured.rel) {
+    hw.coefs[c] = scaled(c, ref.coefs[c], ratio);
+    for (auto& [engine, sec] : hw.engines) {
+      const auto it = sec.values.find(c);
+      if (it != sec.values.end()) it->second = scaled(c, it->second, ratio);
+    }
+  }
+  hw.measured_applied = true;
+}
+
+std::string with_measured_components(const std::string& profile_text, const MeasuredComponents& m) {
+  // Remove an earlier [coefficients.measured] and its subtables: from the header to the next
+  // header of another table.
+  std::string text = profile_text;
+  const std::string header = "[coefficients.measured]";
+  const std::string prefix = "[coefficients.measured";  // the section and its subtables
+  const size_t at = text.find("\n" + header);
+  if (at != std::string::npos) {
+    size_t end = text.size();
+    for (size_t next = text.find("\n[", at + 1); next != std::string::npos; next = text.find("\n[", next + 1))
+      if (text.compare(next + 1, prefix.size(), prefix) != 0) {
+        end = next + 1;
+        break;
+      }
+    text.erase(at + 1, end - (at + 1));
+  }
+  if (!text.empty() && text.back() != '\n') text += "\n";
+  std::ostringstream sec;
+  sec.precision(9);
+  sec << "\n" << header << "\nreference = \"" << m.reference << "\"\nsource = \"" << m.source << "\"\n";
+  if (!m.runs.empty()) sec << "runs = " << toml_string_array(m.runs) << "\n";
+  sec << "\n[coefficients.measured.rel]\n";
+  for (const auto& [c, ratio] : m.rel) sec << coef_table()[c].name << " = " << ratio << "\n";
+  return text + sec.str();
 }
 
 std::string with_calibrated_coefficients(const std::string& profile_text, const CalibratedCoefficients& c) {

@@ -166,6 +166,22 @@ struct PriceOffer {
   std::string date;               // when it was read (YYYY-MM-DD)
 };
 
+// [coefficients.measured]: components of this hardware that `microbench` timed on it and
+// `calibrate fit` measured (its component fit, calibrate/fit.h), as ratios to the same
+// component fit on the reference profile's micro-benchmarks. The reference is a calibrated
+// profile: this one when it is calibrated itself, else its engines_from. On loading
+// (resolve_hardware, apply_measured) each measured coefficient becomes the reference's value
+// times its ratio, in [coefficients] and in every engine section that sets it: a component's
+// rate moves with the hardware, and what the training step and each engine make of it (the
+// reference's end-to-end fit over its component fit) carries over.
+struct MeasuredComponents {
+  std::string reference;           // the calibrated profile the ratios are taken against
+  std::string source;              // provenance: date, commit, records, data hash, fit error
+  std::vector<std::string> runs;   // the micro-benchmark files measured
+  std::map<Coef, double> rel;      // coefficient -> this hardware's component value / the reference's
+  bool empty() const { return rel.empty(); }
+};
+
 struct HardwareProfile {
   std::string name;
   std::string path;          // file it was read from
@@ -206,6 +222,8 @@ struct HardwareProfile {
   // profile only guesses. 0: none (transferred_log_q95 applies to every plan).
   double transferred_log_q95_no_offload = 0;
   CoefVector hardware_coefs{};                        // for_engine: the [coefficients] values under the section
+  MeasuredComponents measured;                        // [coefficients.measured]; applied by resolve_hardware
+  bool measured_applied = false;                      // apply_measured has set the measured coefficients
 };
 
 HardwareProfile parse_hardware_profile(const std::string& toml_text, const std::string& origin);
@@ -253,6 +271,16 @@ std::vector<std::string> list_hardware(const std::filesystem::path& data_dir);
 // code, not of the GPU), marked not calibrated. Memory habits (is_memory_coef) stay `hw`'s:
 // they belong to the model implementation a source ran, which another team's runs do not share.
 void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref);
+
+// The measured coefficients of `hw.measured` over `ref` (the profile hw.measured.reference
+// names, as loaded): each becomes ref's value times its ratio, clamped to its physical bounds,
+// in hw's [coefficients] and in each of hw's engine sections that sets it (transferred ones
+// included, so call it after transfer_engine_sections). Throws InputError when the reference
+// is not calibrated. A profile is measured once: a second call changes nothing.
+void apply_measured(HardwareProfile& hw, const HardwareProfile& ref);
+
+// The profile text with its [coefficients.measured] section replaced by `m` (or added at the end).
+std::string with_measured_components(const std::string& profile_text, const MeasuredComponents& m);
 
 // The measured tables of code that runs the same everywhere: the peers' per-layer host cost
 // (a host's, not a GPU's) and the flash kernels' cost by head dimension. A profile without its

@@ -115,13 +115,22 @@ nlohmann::json model_to_json(const ModelSpec& m) {
           {"source", m.source}};
 }
 
+// [coefficients.measured] (model/hardware.h); null when the profile has none.
+static nlohmann::json measured_to_json(const MeasuredComponents& m) {
+  if (m.empty()) return nullptr;
+  nlohmann::json rel = nlohmann::json::object();
+  for (const auto& [c, ratio] : m.rel) rel[std::string(coef_table()[c].name)] = ratio;
+  return {{"reference", m.reference}, {"source", m.source}, {"runs", m.runs}, {"rel", rel}};
+}
+
 nlohmann::json hardware_to_json(const HardwareProfile& hw, const TrainConfig& base) {
   return {{"name", hw.name},
           {"gpu", hw.gpu.name},
           {"gpus_per_node", base.gpus_per_node},
           {"nodes", base.nodes},
           {"coefficients_calibrated", hw.coefs_calibrated},
-          {"coefficients_source", hw.coefs_source}};
+          {"coefficients_source", hw.coefs_source},
+          {"measured_components", measured_to_json(hw.measured)}};
 }
 
 nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
@@ -306,6 +315,12 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
     std::string src = ctx.hardware->coefs_source.substr(0, ctx.hardware->coefs_source.find(';'));
     out << "profile '" << ctx.hardware->name << "' calibrated (" << src << "); ±95% = "
         << interval_legend(*ctx.hardware)        << "\n";
+  }
+  const MeasuredComponents& m = ctx.hardware->measured;
+  if (!m.empty()) {
+    out << "measured on this hardware by microbench, as ratios to " << m.reference << "'s components:";
+    for (const auto& [c, ratio] : m.rel) out << " " << coef_table()[c].name << " x" << fmt("%.3f", ratio);
+    out << " (" << m.source.substr(0, m.source.find(';')) << ")\n";
   }
   return out.str();
 }

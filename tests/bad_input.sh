@@ -273,6 +273,27 @@ EOF
 mkdir -p "$TMP/dd/hardware" && cp -r "$SRC/data/models" "$TMP/dd/models"
 sed 's/^engines_from = .*/engines_from = "tpu-v9"/' "$SRC/data/hardware/a40.toml" >"$TMP/dd/hardware/a40.toml"
 t 2 "a40.toml: key 'coefficients.engines_from' = \"tpu-v9\"" "$PLANNER" explain --model 7b --hardware a40 --data-dir "$TMP/dd"
+# [coefficients.measured] (calibrate fit on micro-benchmarks alone): a bad ratio, key or reference.
+A40="$SRC/data/hardware/a40.toml"
+printf '\n[coefficients.measured]\nreference = "h200-sxm"\nsource = "x"\n\n[coefficients.measured.rel]\ncpu_lane_flops_per_s = 0.5\n' >"$TMP/measured_tail.toml"
+cat "$A40" "$TMP/measured_tail.toml" >"$TMP/measured_ok.toml"
+while IFS='|' read -r name edit regex; do
+  [[ -z "$name" ]] && continue
+  sed "$edit" "$TMP/measured_ok.toml" >"$TMP/hw_measured_$name.toml"
+  t 2 "$regex" "$PLANNER" explain --model 7b --hardware "$TMP/hw_measured_$name.toml"
+done <<'EOF2'
+ratiozero|s/^cpu_lane_flops_per_s = 0.5/cpu_lane_flops_per_s = 0/|coefficients.measured.rel.cpu_lane_flops_per_s
+ratiohuge|s/^cpu_lane_flops_per_s = 0.5/cpu_lane_flops_per_s = 1e6/|coefficients.measured.rel.cpu_lane_flops_per_s
+ratiokey|s/^cpu_lane_flops_per_s = 0.5/cpu_speed = 0.5/|coefficients.measured.rel.cpu_speed.*not a cost-model coefficient
+reference|s/^reference = "h200-sxm"/reference = "a100-80gb-sxm"/|coefficients.measured.reference.*"a100-80gb-sxm" is neither
+measuredkey|s/^source = "x"/source = "x"\nwhen = 1/|coefficients.measured.when
+norel|/^cpu_lane_flops_per_s = 0.5/d|coefficients.measured.rel' holds no coefficient
+EOF2
+# micro-benchmarks alone: GEMMs timed on the CPU measure no GPU; a GPU's alone on the reference's kind measure nothing kept
+{ echo '{"kind":"micro_env","device":"cpu"}'; echo '{"bench":"gemm","kind":"micro","m":64,"n":64,"k":64,"seconds":1e-4}'; } >"$TMP/cpu_gemm.jsonl"
+t 2 'cpu_gemm.jsonl:2: key "bench" = "gemm" was timed on device "cpu"' "$CALIBRATE" fit --runs "$TMP/cpu_gemm.jsonl" --hardware a40 --out "$TMP/out.file"
+grep '"bench":"gemm"' "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3_micro.jsonl" >"$TMP/gpu_gemm.jsonl"
+t 2 "time the host too" "$CALIBRATE" fit --runs "$TMP/gpu_gemm.jsonl" --hardware h200-sxm --out "$TMP/out.file"
 # --- planner compare: prices, kinds, deadlines, budgets ---
 t 2 "--train-tokens" "$PLANNER" compare --model 7b
 t 2 "--train-tokens" "$PLANNER" compare --model 7b --train-tokens -5

@@ -10,6 +10,7 @@
 
 #include "calibrate/cross_validate.h"
 #include "calibrate/fit.h"
+#include "calibrate/measured_fit.h"
 #include "calibrate/measure.h"
 #include "calibrate/micro_record.h"
 #include "calibrate/report.h"
@@ -193,9 +194,8 @@ CoefVector component_truth() {
 // What `microbench` measures on a 2-GPU host (the shapes and sizes of
 // backend/microbench_main.cpp), "measured" with the true coefficients and 2 %
 // multiplicative noise.
-std::vector<MicroRecord> synthetic_micro(uint64_t seed) {
-  const HardwareProfile hw = test::hardware("h200-sxm");
-  const CoefVector t = component_truth();
+std::vector<MicroRecord> synthetic_micro(uint64_t seed, const CoefVector& t = component_truth(),
+                                        const HardwareProfile& hw = test::hardware("h200-sxm")) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> noise(0.0, 0.02);
   std::vector<MicroRecord> out;
@@ -253,6 +253,70 @@ TEST_CASE("component fit: each component's coefficients come back from its micro
     CHECK(std::abs(fit.coefs[c] - t[c]) <= 5 * fit.std_errors[c] + 1e-3 * std::abs(t[c]));
   }
   CHECK(fit.model_error_frac < 0.03);  // 2 % noise
+}
+
+TEST_CASE("measured components: a host's planted ratios come back, and the profile takes them over its reference") {
+  const HardwareProfile h200 = test::hardware("h200-sxm");
+  const auto ref_micro = synthetic_micro(21);
+  // Another host behind the same GPU kind: its CPU optimizer at half the rates per lane and its
+  // PCIe copies at 80 % of the share (the planted ratios); its GPU exactly as the reference's.
+  CoefVector slow = component_truth();
+  slow[kCpuCoreBytesPerSPerLane] *= 0.5;
+  slow[kCpuLaneFlopsPerS] *= 0.5;
+  slow[kPcieEffFrac] *= 0.8;
+  const MeasuredFit m = measure_components(synthetic_micro(22, slow), h200, ref_micro, h200);
+  CHECK(m.measured.reference == "h200-sxm");
+  // Only the host's components: on the reference's GPU kind its end-to-end fit stands.
+  CHECK(m.coefs == std::vector<Coef>{kPcieEffFrac, kCpuCoreBytesPerSPerLane, kCpuLaneFlopsPerS, kCpuDramEffFrac});
+  CHECK(std::find(m.same_gpu.begin(), m.same_gpu.end(), kGemmEffMaxFrac) != m.same_gpu.end());
+  // Rates over a thread or size sweep: 5 % (2 % noise on each record); the lane rate, second
+  // order where the memory bound dominates (as in the component fit's own test): 30 %.
+  CHECK(m.measured.rel.at(kCpuCoreBytesPerSPerLane) == doctest::Approx(0.5).epsilon(0.05));
+  CHECK(m.measured.rel.at(kPcieEffFrac) == doctest::Approx(0.8).epsilon(0.05));
+  CHECK(m.measured.rel.at(kCpuDramEffFrac) == doctest::Approx(1.0).epsilon(0.05));
+  CHECK(m.measured.rel.at(kCpuLaneFlopsPerS) == doctest::Approx(0.5).epsilon(0.30));
+
+  // Applied: the reference's fitted value times the ratio, in [coefficients] and in each engine
+  // section that sets the coefficient; the others untouched.
+  HardwareProfile here = h200;
+  here.measured = m.measured;
+  apply_measured(here, h200);
+  const double r = m.measured.rel.at(kCpuCoreBytesPerSPerLane);
+  CHECK(here.coefs[kCpuCoreBytesPerSPerLane] == doctest::Approx(h200.coefs[kCpuCoreBytesPerSPerLane] * r).epsilon(1e-12));
+  CHECK(here.engines.at("deepspeed").values.at(kCpuCoreBytesPerSPerLane) ==
+        doctest::Approx(h200.engines.at("deepspeed").values.at(kCpuCoreBytesPerSPerLane) * r).epsilon(1e-12));
+  CHECK(here.coefs[kGemmEffMaxFrac] == h200.coefs[kGemmEffMaxFrac]);
+  // An efficiency stays inside its bound (1) however large its ratio; applying twice changes nothing.
+  here = h200;
+  here.measured.reference = "h200-sxm";
+  here.measured.rel = {{kPcieEffFrac, 3.0}, {kCpuLaneFlopsPerS, 2.0}};
+  apply_measured(here, h200);
+  apply_measured(here, h200);
+  CHECK(here.coefs[kPcieEffFrac] == 1.0);
+  CHECK(here.coefs[kCpuLaneFlopsPerS] == doctest::Approx(2.0 * h200.coefs[kCpuLaneFlopsPerS]).epsilon(1e-12));
+
+  // On another GPU kind the GPU's components are measured too: an A100's GEMMs at 90 % of the
+  // reference's efficiency relative to its own datasheet peak come back as 0.9.
+  const HardwareProfile a100 = test::hardware("a100-80gb-sxm");
+  CoefVector other = component_truth();
+  other[kGemmEffMaxFrac] *= 0.9;
+  const MeasuredFit g = measure_components(synthetic_micro(23, other, a100), a100, ref_micro, h200);
+  CHECK(g.same_gpu.empty());
+  CHECK(g.measured.rel.at(kGemmEffMaxFrac) == doctest::Approx(0.9).epsilon(0.03));
+  CHECK(g.measured.rel.at(kCpuCoreBytesPerSPerLane) == doctest::Approx(1.0).epsilon(0.05));
+
+  // A GPU benchmark timed on the CPU measures nothing of the GPU: one line naming the record.
+  std::vector<MicroRecord> on_cpu = synthetic_micro(24);
+  on_cpu.front().device = "cpu";
+  on_cpu.front().where = "m.jsonl:2";
+  CHECK_THROWS_WITH_AS(measure_components(on_cpu, a100, ref_micro, h200),
+                       doctest::Contains("m.jsonl:2: key \"bench\" = \"gemm\" was timed on device \"cpu\""), InputError);
+  // Records of the GPU alone, on the reference's GPU kind, measure nothing this fit keeps.
+  std::vector<MicroRecord> gemms;
+  for (const MicroRecord& rec : ref_micro)
+    if (rec.bench == MicroBench::kGemm) gemms.push_back(rec);
+  CHECK_THROWS_WITH_AS(measure_components(gemms, h200, ref_micro, h200), doctest::Contains("time the host too"),
+                       InputError);
 }
 
 TEST_CASE("two stages: component-fitted coefficients anchor the end-to-end fit") {

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "common/errors.h"
@@ -976,4 +978,67 @@ TEST_CASE("flash attention by head dimension: the microbenchmark's table, time p
                        doctest::Contains("128"), InputError);
   CHECK_THROWS_WITH_AS(parse_with("[gpu.attention_head_dim_s]\nsource = \"x\"\n128 = { fwd_s = -1e-3, bwd_s = 1e-3 }\n"),
                        doctest::Contains("fwd_s"), InputError);
+}
+
+TEST_CASE("[coefficients.measured]: written, read back, applied over the reference on loading, and bad input named") {
+  namespace fs = std::filesystem;
+  const HardwareProfile h200 = hardware("h200-sxm");
+  const HardwareProfile a40 = hardware("a40");
+  MeasuredComponents m;
+  m.reference = "h200-sxm";
+  m.source = "by hand";
+  m.runs = {"micro.jsonl"};
+  m.rel = {{kCpuCoreBytesPerSPerLane, 0.25}, {kPcieEffFrac, 0.5}};
+  const std::string a40_text = read_text_file(a40.path);
+  // Written twice, held once: the second replaces the first.
+  MeasuredComponents m2 = m;
+  m2.rel[kCpuCoreBytesPerSPerLane] = 0.2;
+  const std::string text = with_measured_components(with_measured_components(a40_text, m), m2);
+  CHECK(text.find("[coefficients.measured]") == text.rfind("[coefficients.measured]"));
+  const fs::path dir = fs::temp_directory_path() / "stepcast_measured_test";
+  fs::create_directories(dir);
+  const fs::path file = dir / "a40-here.toml";
+  std::ofstream(file) << text;
+  // A profile file outside the data folder takes its engines_from and reference from the data folder.
+  const HardwareProfile here = resolve_hardware(file.string(), test::data_dir());
+  CHECK(here.measured.rel.size() == 2);
+  CHECK(here.measured.runs == std::vector<std::string>{"micro.jsonl"});
+  // By hand: 0.2 x the reference's fitted per-lane rate, in [coefficients] and in the DeepSpeed
+  // section transferred from the reference; 0.5 x its PCIe share; the rest as the datasheet profile.
+  CHECK(here.coefs[kCpuCoreBytesPerSPerLane] == doctest::Approx(0.2 * h200.coefs[kCpuCoreBytesPerSPerLane]).epsilon(1e-9));
+  CHECK(here.coefs[kPcieEffFrac] == doctest::Approx(0.5 * h200.coefs[kPcieEffFrac]).epsilon(1e-9));
+  CHECK(here.engines.at("deepspeed").values.at(kCpuCoreBytesPerSPerLane) ==
+        doctest::Approx(0.2 * h200.engines.at("deepspeed").values.at(kCpuCoreBytesPerSPerLane)).epsilon(1e-9));
+  CHECK(here.engines.at("fsdp2").values.at(kPcieEffFrac) ==
+        doctest::Approx(0.5 * h200.engines.at("fsdp2").values.at(kPcieEffFrac)).epsilon(1e-9));
+  CHECK(here.coefs[kGemmEffMaxFrac] == a40.coefs[kGemmEffMaxFrac]);
+  // A plan with the optimizer on the CPU takes longer where the host's rate is a fifth.
+  TrainConfig c;
+  c.zero_stage = 2;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  c.micro_batch = 1;
+  c.seq_len = 2048;
+  const auto opt_s = [&](const HardwareProfile& hw) {
+    return predict_step_time(make_features(model("llama-2-7b"), hw, c).step, hw.coefs.data()).optimizer_total_s;
+  };
+  CHECK(opt_s(here) > 2.0 * opt_s(a40));
+
+  // Bad input: one line naming the file, the key and the value.
+  const auto load_with = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    std::ofstream(file) << t;
+    return resolve_hardware(file.string(), test::data_dir());
+  };
+  CHECK_THROWS_WITH_AS(load_with("pcie_eff_frac = 0.5", "pcie_speed = 0.5"),
+                       doctest::Contains("key 'coefficients.measured.rel.pcie_speed' is not a cost-model coefficient"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(load_with("pcie_eff_frac = 0.5", "pcie_eff_frac = 0"),
+                       doctest::Contains("coefficients.measured.rel.pcie_eff_frac"), InputError);
+  CHECK_THROWS_WITH_AS(load_with("reference = \"h200-sxm\"", "reference = \"l40s\""),
+                       doctest::Contains("key 'coefficients.measured.reference' = \"l40s\" is neither this profile"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(load_with("source = \"by hand\"\n", ""), doctest::Contains("coefficients.measured.source"),
+                       InputError);
+  fs::remove_all(dir);
 }

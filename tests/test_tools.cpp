@@ -271,6 +271,52 @@ TEST_CASE("emulated nodes: two nodes of one rank train as one node of two, and t
   CHECK(WEXITSTATUS(std::system((base + " --emulate-nodes 3 2>/dev/null").c_str())) == 2);
 }
 
+TEST_CASE("measured components: microbench on this host, calibrate fit writes them into a profile, the planner uses them") {
+  const fs::path bin = fs::path(g_train).parent_path().parent_path();
+  const std::string microbench = (fs::path(g_train).parent_path() / "microbench").string();
+  const std::string calibrate = (bin / "calibrate" / "calibrate").string();
+  const std::string planner = (bin / "planner" / "planner").string();
+  const fs::path micro = tmpdir() / "host_micro.jsonl", profile = tmpdir() / "a40-this-host.toml";
+  fs::remove(micro);
+  fs::remove(profile);
+  // The CPU optimizer at its full size (64 Mi parameters) on this host's threads.
+  REQUIRE(std::system((microbench + " --out " + micro.string() + " --suite optimizer --repeats 3 --device cpu 2>/dev/null").c_str()) == 0);
+  const fs::path fit_json = tmpdir() / "measured_fit.json";
+  REQUIRE(std::system((calibrate + " fit --hardware a40 --runs " + micro.string() + " --out " + profile.string() + " --json > " +
+                       fit_json.string() + " 2>/dev/null").c_str()) == 0);
+  const nlohmann::json fit = nlohmann::json::parse(read_text_file(fit_json));
+  CHECK(fit["reference"] == "h200-sxm");
+  CHECK(fit["coefficients"].contains("cpu_core_bytes_per_s_per_lane"));
+  CHECK_FALSE(fit["coefficients"].contains("pcie_eff_frac"));  // no copies timed on the CPU
+  for (const auto& [name, c] : fit["coefficients"].items()) {
+    CAPTURE(name);
+    CHECK(c["rel"].get<double>() == doctest::Approx(c["here"].get<double>() / c["reference"].get<double>()));
+  }
+  // The planner reads the written profile, says what was measured, and its JSON carries it.
+  const std::string explain = planner + " explain --model llama-2-7b --hardware " + profile.string() +
+                              " --gpus 1 --stage 2 --offload-optimizer cpu --micro-batch 1 --gas 4 --seq 2048";
+  const fs::path text_out = tmpdir() / "measured_explain.txt", json_out = tmpdir() / "measured_explain.json";
+  REQUIRE(std::system((explain + " > " + text_out.string() + " 2>&1").c_str()) == 0);
+  CHECK(read_text_file(text_out).find("measured on this hardware by microbench, as ratios to h200-sxm's components:") !=
+        std::string::npos);
+  REQUIRE(std::system((explain + " --json > " + json_out.string() + " 2>/dev/null").c_str()) == 0);
+  const nlohmann::json e = nlohmann::json::parse(read_text_file(json_out));
+  CHECK(e["hardware"]["measured_components"]["rel"]["cpu_core_bytes_per_s_per_lane"].get<double>() ==
+        doctest::Approx(fit["coefficients"]["cpu_core_bytes_per_s_per_lane"]["rel"].get<double>()).epsilon(1e-8));
+  // GEMMs timed on the CPU measure nothing of a GPU: one line naming the record, exit 2, no profile written.
+  const fs::path gemm = tmpdir() / "cpu_gemm_micro.jsonl", untouched = tmpdir() / "not-written.toml";
+  fs::remove(gemm);
+  fs::remove(untouched);
+  REQUIRE(std::system((microbench + " --out " + gemm.string() + " --suite compute --quick --repeats 1 --device cpu 2>/dev/null").c_str()) == 0);
+  const fs::path err = tmpdir() / "measured_err.txt";
+  CHECK(WEXITSTATUS(std::system((calibrate + " fit --hardware a40 --runs " + gemm.string() + " --out " + untouched.string() +
+                                 " 2> " + err.string()).c_str())) == 2);
+  const std::string err_text = read_text_file(err);
+  CAPTURE(err_text);
+  CHECK(err_text.find("was timed on device \"cpu\"") != std::string::npos);
+  CHECK_FALSE(fs::exists(untouched));
+}
+
 TEST_CASE("host CPU ticks: /proc/stat's aggregate line, steal and busy shares between two samples, by hand") {
   // proc(5): cpu user nice system idle iowait irq softirq steal guest guest_nice.
   const std::string a = "cpu  100 0 50 800 10 0 0 40 7 0\ncpu0 50 0 25 400 5 0 0 20 0 0\nintr 1\n";
