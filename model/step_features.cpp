@@ -669,9 +669,26 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   if (c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro) mem.gpu_grads_bytes += 4.0 * trainable;
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
+  // FSDP2's root module (fully_shard(model) after each layer's) holds the embedding, the final
+  // norm and an untied head. Its pre-backward hook gathers them for the whole backward: they are
+  // resharded only by its post-backward, once the embedding's gradient, the backward's last, has
+  // been reduced; and the head's gradient, the backward's first, stays unsharded in the compute
+  // dtype until then (torch 2.11 _fully_shard/_fsdp_state.py: _pre_backward, _root_post_backward_
+  // final_callback; _fsdp_param_group.py: post_backward). Our harness passes reshard_after_forward
+  // to the root as to the layers (bench/peers/peer.py): at stage 2 the root's parameters are
+  // already among the unsharded ones above, so only the head's gradient is added.
+  const bool fsdp2_root = c.engine == Engine::kFsdp2 && !peft && (stage == 2 || stage == 3);
+  if (fsdp2_root) {
+    const double root_params = static_cast<double>(spec.embedding_params() + spec.lm_head_params() +
+                                                   spec.final_norm_params());
+    const double head_grad = static_cast<double>(spec.tied_embeddings ? spec.embedding_params() : spec.lm_head_params());
+    buffers += (stage == 3 ? root_params * wb : 0.0) + head_grad * wb;
+  }
   if (stage == 3) {
-    const double unit = std::max(static_cast<double>(spec.params_per_layer()),
-                                 static_cast<double>(spec.vocab_size) * spec.embed_dim());
+    // FSDP2's units are the layers; the root's are above.
+    const double unit = fsdp2_root ? static_cast<double>(spec.params_per_layer())
+                                   : std::max(static_cast<double>(spec.params_per_layer()),
+                                              static_cast<double>(spec.vocab_size) * spec.embed_dim());
     // Gathered unit in use + the one prefetched; the full gradient of one unit before its
     // reduce-scatter (PEFT: the frozen weights' bytes per unit, and the adapters' gradient).
     const double unit_bytes = peft ? std::max(frozen_bytes / L, static_cast<double>(spec.vocab_size) *

@@ -525,3 +525,24 @@ TEST_CASE("FSDP2 model states: fp32 shards as the master copy, fp32 gradient sha
   CHECK(ours.gpu_grads_bytes == doctest::Approx(2.0 * T));
   CHECK(ours.gpu_opt_states_bytes == doctest::Approx(12.0 * T));
 }
+
+TEST_CASE("FSDP2's root module: its parameters gathered through the backward at stage 3, the head's gradient held at both") {
+  // llama-2-7b, bf16, one rank (no reduce-scatter buckets). The root holds the embedding and the
+  // untied head (32000 x 4096 each) and the final norm (4096): R = 262,148,096 parameters. At
+  // stage 3 the gathered root (2 R B) and the head's unsharded gradient (2 x 131,072,000 B) sit
+  // beside the layers' units: two gathered layers and one layer's gradient (3 x 2 x 202,383,360 B).
+  // At stage 2 every parameter is already unsharded (model states); the head's gradient remains.
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double layer = 202383360.0, head = 32000.0 * 4096.0, root = 2.0 * head + 4096.0;
+  REQUIRE(static_cast<double>(m.params_per_layer()) == layer);
+  TrainConfig c = config(3, 1);
+  c.engine = Engine::kFsdp2;
+  CHECK(make_features(m, hw, c).memory.gpu_buffers_bytes == doctest::Approx(2.0 * root + 2.0 * head + 3.0 * 2.0 * layer));
+  c = config(2, 1);
+  c.engine = Engine::kFsdp2;
+  CHECK(make_features(m, hw, c).memory.gpu_buffers_bytes == doctest::Approx(2.0 * head));
+  // Our backend and DeepSpeed keep their own units: the larger of a layer and the embedding.
+  c = config(3, 1);
+  CHECK(make_features(m, hw, c).memory.gpu_buffers_bytes == doctest::Approx(3.0 * 2.0 * layer));
+}
