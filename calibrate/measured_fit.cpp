@@ -53,10 +53,14 @@ MeasuredFit measure_components(const std::vector<MicroRecord>& micro, const Hard
     throw InputError("--runs: the micro-benchmarks measure no component that " + ref.name +
                      "'s micro-benchmarks measure too (its [coefficients] runs), so no ratio can be taken");
   // The reference's component fit from the defaults, as the two-stage fit does; then this
-  // hardware's rates from there, its shapes and fixed costs held at the reference's.
+  // hardware's rates from there, its shapes and fixed costs held at the reference's. A host
+  // unlike the reference may run at several times or a fraction of its rates: the rates' prior
+  // is a factor of several wide (sigma 5), there only to hold a rate no record reads.
   const FitOptions options;
   out.reference = fit_components(ref_micro, ref, default_coefs(), options);
-  out.here = fit_component_rates(micro, hw, out.reference.coefs, out.coefs, options);
+  FitOptions rate_options;
+  rate_options.sigma_prior = 5.0;
+  out.here = fit_component_rates(micro, hw, out.reference.coefs, out.coefs, rate_options);
   out.measured.reference = ref.name;
   for (Coef c : out.coefs) out.measured.rel[c] = out.here.coefs[c] / out.reference.coefs[c];
   return out;
