@@ -214,8 +214,12 @@ std::vector<Coef> component_coefs(const std::vector<MicroRecord>& micro) {
   return out;
 }
 
-FitResult fit_components(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
-                         const FitOptions& opt) {
+namespace {
+
+// Stage 1's solve over `free`, from `start`, with `priors` (empty: each centred on its default),
+// and the records' RMS log error.
+FitResult solve_micro(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
+                      const std::vector<Coef>& free, std::vector<ComponentPrior> priors, const FitOptions& opt) {
   const Scales scales = coef_scales();
   CoefVector u{};
   for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
@@ -224,12 +228,19 @@ FitResult fit_components(const std::vector<MicroRecord>& micro, const HardwarePr
     problem.AddResidualBlock(MicroResidual::Create(r, hw, opt.sigma_micro, scales),
                              new ceres::CauchyLoss(opt.cauchy_scale), u.data());
   FitOptions o = opt;
-  o.component_priors.clear();
-  FitResult result = solve(problem, u, scales, component_coefs(micro), o);
+  o.component_priors = std::move(priors);
+  FitResult result = solve(problem, u, scales, free, o);
   double ss = 0;
   for (const auto& r : micro) ss += std::pow(std::log(predict_micro(r, hw, result.coefs.data()) / r.seconds), 2);
   result.model_error_frac = micro.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(micro.size()));
   return result;
+}
+
+}  // namespace
+
+FitResult fit_components(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
+                         const FitOptions& opt) {
+  return solve_micro(micro, hw, start, component_coefs(micro), {}, opt);
 }
 
 std::vector<Coef> component_rate_coefs(const std::vector<MicroRecord>& micro) {
@@ -245,21 +256,9 @@ std::vector<Coef> component_rate_coefs(const std::vector<MicroRecord>& micro) {
 
 FitResult fit_component_rates(const std::vector<MicroRecord>& micro, const HardwareProfile& hw, const CoefVector& start,
                               const std::vector<Coef>& free, const FitOptions& opt) {
-  const Scales scales = coef_scales();
-  CoefVector u{};
-  for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
-  ceres::Problem problem;
-  for (const auto& r : micro)
-    problem.AddResidualBlock(MicroResidual::Create(r, hw, opt.sigma_micro, scales),
-                             new ceres::CauchyLoss(opt.cauchy_scale), u.data());
-  FitOptions o = opt;
-  o.component_priors.clear();
-  for (Coef c : free) o.component_priors.push_back({c, start[c], opt.sigma_prior});
-  FitResult result = solve(problem, u, scales, free, o);
-  double ss = 0;
-  for (const auto& r : micro) ss += std::pow(std::log(predict_micro(r, hw, result.coefs.data()) / r.seconds), 2);
-  result.model_error_frac = micro.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(micro.size()));
-  return result;
+  std::vector<ComponentPrior> priors;
+  for (Coef c : free) priors.push_back({c, start[c], opt.sigma_prior});
+  return solve_micro(micro, hw, start, free, std::move(priors), opt);
 }
 
 FitResult fit_coefficients(const std::vector<Observation>& obs, const CoefVector& start, const FitOptions& opt) {
