@@ -434,6 +434,28 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
 }
 
 
+namespace {
+
+// Removes the table [NAME] and the subtables [NAME.…] that follow it, from its header to the next
+// header of another table; a profile writer then puts the new table in its place. Returns whether
+// the text held the table.
+bool erase_toml_table(std::string& text, const std::string& name) {
+  const std::string header = "[" + name + "]", sub = "[" + name + ".";
+  size_t start = 0;
+  if (text.compare(0, header.size(), header) != 0) {
+    const size_t at = text.find("\n" + header);
+    if (at == std::string::npos) return false;
+    start = at + 1;
+  }
+  size_t end = text.find("\n[", start + header.size());
+  while (end != std::string::npos && text.compare(end + 1, sub.size(), sub) == 0) end = text.find("\n[", end + 1);
+  end = end == std::string::npos ? text.size() : end + 1;
+  text.erase(start, end - start);
+  return true;
+}
+
+}  // namespace
+
 std::string with_engine_section(const std::string& profile_text, const std::string& engine,
                                 const CalibratedCoefficients& c) {
   std::ostringstream sec;
@@ -445,20 +467,8 @@ std::string with_engine_section(const std::string& profile_text, const std::stri
   if (c.holdout.frac >= 0.0) sec << "holdout_frac = " << c.holdout.frac << "\nholdout_seed = " << c.holdout.seed << "\n";
   for (Coef id : engine_coefs()) sec << coef_table()[id].name << " = " << c.values[id] << "\n";
   sec << interval_text("engines." + engine + ".interval", c.interval) << "\n";
-  // Remove the old section: from its header to the next header of another table.
   std::string text = profile_text;
-  const std::string header = "[engines." + engine + "]";
-  size_t at = text.find("\n" + header);
-  if (text.rfind(header, 0) == 0) at = 0;
-  if (at != std::string::npos) {
-    const size_t start = at == 0 ? 0 : at + 1;
-    // ... and its subtables ([engines.NAME.interval]).
-    size_t end = text.find("\n[", start + header.size());
-    while (end != std::string::npos && text.compare(end + 1, header.size(), "[engines." + engine + ".") == 0)
-      end = text.find("\n[", end + 1);
-    end = end == std::string::npos ? text.size() : end + 1;
-    text.erase(start, end - start);
-  }
+  erase_toml_table(text, "engines." + engine);
   // Engine sections sit before [coefficients], which a hardware fit rewrites with all after it.
   const size_t coefs = text.find("\n[coefficients]");
   if (coefs == std::string::npos) return text + (text.empty() || text.back() == '\n' ? "" : "\n") + sec.str();
@@ -592,22 +602,12 @@ void apply_measured(HardwareProfile& hw, const HardwareProfile& ref) {
 }
 
 std::string with_measured_components(const std::string& profile_text, const MeasuredComponents& m) {
-  // Remove an earlier [coefficients.measured] and its subtables: from the header to the next
-  // header of another table.
   std::string text = profile_text;
+  erase_toml_table(text, "coefficients.measured");
+  // One blank line before the section however often it is rewritten.
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty()) text += "\n";
   const std::string header = "[coefficients.measured]";
-  const std::string prefix = "[coefficients.measured";  // the section and its subtables
-  const size_t at = text.find("\n" + header);
-  if (at != std::string::npos) {
-    size_t end = text.size();
-    for (size_t next = text.find("\n[", at + 1); next != std::string::npos; next = text.find("\n[", next + 1))
-      if (text.compare(next + 1, prefix.size(), prefix) != 0) {
-        end = next + 1;
-        break;
-      }
-    text.erase(at + 1, end - (at + 1));
-  }
-  if (!text.empty() && text.back() != '\n') text += "\n";
   std::ostringstream sec;
   sec.precision(9);
   sec << "\n" << header << "\nreference = \"" << m.reference << "\"\nsource = \"" << m.source << "\"\n";

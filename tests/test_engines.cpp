@@ -995,6 +995,8 @@ TEST_CASE("[coefficients.measured]: written, read back, applied over the referen
   m2.rel[kCpuCoreBytesPerSPerLane] = 0.2;
   const std::string text = with_measured_components(with_measured_components(a40_text, m), m2);
   CHECK(text.find("[coefficients.measured]") == text.rfind("[coefficients.measured]"));
+  // Rewriting the same section leaves the text as it was, blank lines included.
+  CHECK(with_measured_components(text, m2) == text);
   const fs::path dir = fs::temp_directory_path() / "stepcast_measured_test";
   fs::create_directories(dir);
   const fs::path file = dir / "a40-here.toml";
