@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first GPU kind other than the H200 that our backend and FSDP2 ran on: one lent H100 SXM
-# (data/runs/h100-sxm/, session 38). Prints, per configuration, the measured step time against
+# (data/runs/h100-sxm/). Prints, per configuration, the measured step time against
 #   transferred  the h100-sxm profile as committed (datasheet hardware, engine coefficients from
 #                h200-sxm): the blind prediction, committed before the call
 #                (bench/predictions/h100_blind_1gpu_c29c9b9.*, peers_fsdp2_h100_1gpu_e4cf7c8.txt);
