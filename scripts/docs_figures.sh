@@ -24,7 +24,8 @@ gen() {  # NAME ARGS...: one report into DEST/NAME.txt; a failed report is named
   local name="$1"; shift
   echo "docs_figures: calibrate report $* ..." >&2
   if ! "$CAL" report "$@" > "$DEST/$name.txt.part" 2> "$DEST/$name.err"; then
-    echo "docs_figures: calibrate report $* failed:" >&2; tail -3 "$DEST/$name.err" >&2; status=2; return
+    echo "docs_figures: calibrate report $* failed:" >&2; tail -3 "$DEST/$name.err" >&2
+    rm -f "$DEST/$name.txt.part" "$DEST/$name.err"; status=2; return
   fi
   mv "$DEST/$name.txt.part" "$DEST/$name.txt"; rm -f "$DEST/$name.err"
 }
