@@ -311,6 +311,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       }
       const CoefInfo& info = coef_table()[*id];
       hw.coefs[*id] = c->get_double(name, info.lower, info.upper);
+      hw.coefs_in_file[*id] = true;
     }
     if (auto se = c->subtable_opt("std_errors")) {
       hw.coef_std_errors.assign(kNumCoefs, 0.0);
@@ -503,6 +504,14 @@ void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref) {
   }
 }
 
+void transfer_reference_coefficients(HardwareProfile& hw, const HardwareProfile& ref) {
+  if (hw.coefs_calibrated || !ref.coefs_calibrated) return;
+  for (int c = 0; c < kNumCoefs; ++c)
+    if (!hw.coefs_in_file[c]) hw.coefs[c] = ref.coefs[c];
+  hw.coefs_source += (hw.coefs_source.empty() ? "" : "; ") + std::string("the coefficients it does not set: ") +
+                     ref.name + "'s fit";
+}
+
 AttnHeadDimRel attention_head_dim_rel(const GpuSpec& gpu, double head_dim) {
   const auto& t = gpu.attention_head_dim_s;
   if (t.empty()) return {};
@@ -563,6 +572,7 @@ HardwareProfile resolve_hardware(const std::string& name, const fs::path& data_d
       throw InputError(file.string() + ": key 'coefficients.engines_from' = \"" + hw.engines_from +
                        "\" names no other profile in " + (data_dir / "hardware").string());
     engines_ref = load_hardware_profile(ref_file);
+    transfer_reference_coefficients(hw, *engines_ref);
     transfer_engine_sections(hw, *engines_ref);
     transfer_measured_tables(hw, *engines_ref);
   }

@@ -194,6 +194,9 @@ struct HardwareProfile {
   std::map<std::string, std::string> sources;  // dotted key -> source
 
   CoefVector coefs{};
+  // Which of `coefs` the profile's [coefficients] sets itself; the others are defaults, or the
+  // engines_from profile's fitted values (transfer_reference_coefficients).
+  std::array<bool, kNumCoefs> coefs_in_file{};
   bool coefs_calibrated = false;
   std::string coefs_source;
   std::vector<double> coef_std_errors;  // from a fit's covariance; empty when not calibrated
@@ -272,6 +275,13 @@ std::vector<std::string> list_hardware(const std::filesystem::path& data_dir);
 // they belong to the model implementation a source ran, which another team's runs do not share.
 void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref);
 
+// An uncalibrated `hw` takes each coefficient its [coefficients] does not set from the calibrated
+// `ref`'s fit: our engine's efficiencies, overheads and memory habits as one coherent set, the
+// one its engine sections and measured ratios were fitted against (the defaults of
+// coefficients.cpp are older H200 values that no longer fit together). What `hw` sets itself
+// (a PCIe card's bus efficiency) stays. Nothing happens when hw is calibrated or ref is not.
+void transfer_reference_coefficients(HardwareProfile& hw, const HardwareProfile& ref);
+
 // The measured coefficients of `hw.measured` over `ref` (the profile hw.measured.reference
 // names, as loaded): each becomes ref's value times its ratio, clamped to its physical bounds,
 // in hw's [coefficients] and in each of hw's engine sections that sets it (transferred ones
@@ -288,8 +298,9 @@ std::string with_measured_components(const std::string& profile_text, const Meas
 void transfer_measured_tables(HardwareProfile& hw, const HardwareProfile& ref);
 
 // A profile name from the catalog or a path to a .toml file; unknown names list the known ones.
-// A catalog profile with [coefficients] engines_from takes that profile's engine sections
-// (transfer_engine_sections) and, lacking its own, its measured tables (transfer_measured_tables).
+// A catalog profile with [coefficients] engines_from takes that profile's fitted coefficients
+// (transfer_reference_coefficients), its engine sections (transfer_engine_sections) and, lacking
+// its own, its measured tables (transfer_measured_tables).
 HardwareProfile resolve_hardware(const std::string& name_or_path,
                                  const std::filesystem::path& data_dir);
 

@@ -164,7 +164,7 @@ ls -a "$TMP" | grep -q '\.tmp\.' && bad "pair: a temporary file was left" || ok
 
 # compare: a pod smaller than the profile's server is named as what holds a row back. The
 # A100 40GB profile's server has 16 cores and 128 GB per GPU; with a pod of 2 vCPUs and 24 GiB
-# per GPU, gpt-j-6b's CPU-offload plans lose their CPU AdamW's cores (2 GPUs) or do not fit
+# per GPU, llama-2-7b's CPU-offload plans lose their CPU AdamW's cores (2 GPUs) or do not fit
 # at all (1 GPU).
 SRC="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$TMP/dd/hardware"
@@ -172,7 +172,7 @@ cp -r "$SRC/data/models" "$TMP/dd/models"
 cp "$SRC/data/hardware/h200-sxm.toml" "$TMP/dd/hardware/"
 sed -e 's/^vcpus_per_gpu = .*/vcpus_per_gpu = 2/' -e 's/^memory_gib_per_gpu = .*/memory_gib_per_gpu = 24/' \
   "$SRC/data/hardware/a100-40gb-sxm.toml" >"$TMP/dd/hardware/a100-40gb-sxm.toml"
-if "$PLANNER" compare --model 6b --train-tokens 1e9 --hardware a100-40gb-sxm --max-gpus 2 --data-dir "$TMP/dd" >"$TMP/cmp" 2>&1 &&
+if "$PLANNER" compare --model 7b --train-tokens 1e9 --hardware a100-40gb-sxm --max-gpus 2 --data-dir "$TMP/dd" >"$TMP/cmp" 2>&1 &&
    grep -q "^! a100-40gb-sxm x2 is pod-limited: on the profile's server host (32 cores, 238.4 GiB) .* the lambda pod has 4 vCPUs and 48.0 GiB$" "$TMP/cmp" &&
    grep -q "^note: a100-40gb-sxm x1 is pod-limited: .*(nothing fits the pod)" "$TMP/cmp"; then ok; else bad "compare: small pod not flagged: $(cat "$TMP/cmp")"; fi
 # ... and the real Lambda pod (15.5 vCPUs, 225 GiB per GPU) is not.
