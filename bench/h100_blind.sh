@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The first GPU kind other than the H200 that our backend and FSDP2 ran on: one lent H100 SXM
-# (data/runs/h100-sxm/). Prints, per configuration, the measured step time against
-#   transferred  the h100-sxm profile as committed (datasheet hardware, engine coefficients from
-#                h200-sxm): the blind prediction, committed before the call
-#                (bench/predictions/h100_blind_1gpu_c29c9b9.*, peers_fsdp2_h100_1gpu_e4cf7c8.txt);
+# Our backend, real DeepSpeed and PyTorch FSDP2 on lent H100 SXM 80GB machines, the first GPU
+# kind other than the H200 (data/runs/h100-sxm/). Two calls, each predicted before it ran by the
+# committed h100-sxm profile (bench/predictions/h100_blind_1gpu_c29c9b9.*,
+# peers_fsdp2_h100_1gpu_e4cf7c8.txt; h100_blind_2_1gpu_8e05810.*, peers_deepspeed_h100_1gpu_8e05810.txt,
+# peers_fsdp2_h100_2_1gpu_8e05810.txt). Prints, per configuration, the measured step time against
+#   transferred  the h100-sxm profile as it is now (datasheet hardware, h200-sxm's fitted and
+#                engine coefficients);
 #   measured     the same profile with the call's own micro-benchmarks as measured components
 #                (calibrate fit --hardware h100-sxm --runs micro.jsonl --out ...);
 #   diagnostic   measured, with the H200's HBM rate (4.8 TB/s) in place of the H100's 3.35: not a
@@ -13,40 +15,65 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 B=${1:-build}
+[[ -x $B/calibrate/calibrate ]] || { echo "h100_blind: no $B/calibrate/calibrate (build first)" >&2; exit 2; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 R=data/runs/h100-sxm
-$B/calibrate/calibrate fit --hardware h100-sxm --runs $R/2026-12-05_h100_blind_1gpu_micro.jsonl --out "$T/measured.toml" >/dev/null
-sed 's/^memory_bytes_per_s = { value = 3350000000000.0/memory_bytes_per_s = { value = 4800000000000.0/' \
-  "$T/measured.toml" >"$T/diagnostic.toml"
-grep -q '^memory_bytes_per_s = { value = 4800000000000.0' "$T/diagnostic.toml" ||
-  { echo "h100_blind: the h100-sxm profile's HBM line changed; update the sed above" >&2; exit 1; }
-for p in h100-sxm "$T/measured.toml" "$T/diagnostic.toml"; do
-  n=$(basename "$p" .toml)
-  $B/calibrate/calibrate report --hardware "$p" --runs $R/2026-12-05_h100_blind_1gpu.jsonl --json >"$T/ours.$n.json" 2>/dev/null
-  $B/calibrate/calibrate report --engine fsdp2 --hardware "$p" --runs $R/2026-12-05_peers_fsdp2_h100_1gpu.jsonl \
-    --json >"$T/fsdp2.$n.json" 2>/dev/null
+# call: its micro-benchmarks, then ENGINE:RUNS pairs measured in it.
+CALLS=(
+  "1 2026-12-05_h100_blind_1gpu_micro.jsonl ours:2026-12-05_h100_blind_1gpu.jsonl fsdp2:2026-12-05_peers_fsdp2_h100_1gpu.jsonl"
+  "2 2026-12-05_h100_blind_2_1gpu_micro.jsonl ours:2026-12-05_h100_blind_2_1gpu.jsonl deepspeed:2026-12-05_peers_deepspeed_h100_1gpu.jsonl fsdp2:2026-12-05_peers_fsdp2_h100_2_1gpu.jsonl"
+)
+for call in "${CALLS[@]}"; do
+  read -r n micro pairs <<<"$call"
+  $B/calibrate/calibrate fit --hardware h100-sxm --runs "$R/$micro" --out "$T/measured$n.toml" >/dev/null
+  sed 's/^memory_bytes_per_s = { value = 3350000000000.0/memory_bytes_per_s = { value = 4800000000000.0/' \
+    "$T/measured$n.toml" >"$T/diagnostic$n.toml"
+  grep -q '^memory_bytes_per_s = { value = 4800000000000.0' "$T/diagnostic$n.toml" ||
+    { echo "h100_blind: the h100-sxm profile's HBM line changed; update the sed above" >&2; exit 1; }
+  for pair in $pairs; do
+    engine=${pair%%:*}; runs=${pair#*:}
+    flag=(); [[ $engine == ours ]] || flag=(--engine "$engine")
+    for p in h100-sxm "$T/measured$n.toml" "$T/diagnostic$n.toml"; do
+      label=$(basename "$p" .toml); label=${label%$n}
+      $B/calibrate/calibrate report "${flag[@]}" --hardware "$p" --runs "$R/$runs" --json \
+        >"$T/call$n.$engine.$label.json" 2>/dev/null
+    done
+  done
 done
 python3 - "$T" <<'PY'
-import json, sys
+import glob, json, os, sys
 t = sys.argv[1]
 names = [("h100-sxm", "transferred"), ("measured", "measured"), ("diagnostic", "diagnostic")]
-for engine in ("ours", "fsdp2"):
-    runs = {n: {r["key"]: r for r in json.load(open(f"{t}/{engine}.{n}.json"))["runs"]} for n, _ in names}
-    keys = list(runs["h100-sxm"])
-    print(f"{'our backend' if engine == 'ours' else 'FSDP2'} on one H100 SXM: step s measured, error % of each profile; memory GiB measured, error %")
-    print(f"{'configuration':72s} {'meas':>7s} " + " ".join(f"{label:>11s}" for _, label in names) + f" {'mem':>6s} {'err':>6s}")
-    errs = {n: [] for n, _ in names}
-    for k in keys:
-        r0 = runs["h100-sxm"][k]
-        row = f"{k[:72]:72s} {r0['measured']['step_s']:7.3f} "
+title = {"ours": "our backend", "deepspeed": "DeepSpeed", "fsdp2": "FSDP2"}
+pooled = {}
+for engine in ("ours", "deepspeed", "fsdp2"):
+    for call in sorted({os.path.basename(f).split(".")[0] for f in glob.glob(f"{t}/call*.{engine}.h100-sxm.json")}):
+        runs = {n: {r["key"]: r for r in json.load(open(f"{t}/{call}.{engine}.{n}.json"))["runs"]} for n, _ in names}
+        print(f"{title[engine]}, {call}: step s measured, error % of each profile; memory GiB measured, error %")
+        print(f"{'configuration':72s} {'meas':>7s} " + " ".join(f"{label:>11s}" for _, label in names) + f" {'mem':>6s} {'err':>6s}")
+        errs = {n: [] for n, _ in names}
+        mem = []
+        for k, r0 in runs["h100-sxm"].items():
+            row = f"{k[:72]:72s} {r0['measured']['step_s']:7.3f} "
+            for n, _ in names:
+                e = runs[n][k]["step_error_pct"]
+                errs[n].append(abs(e))
+                row += f" {e:+10.1f}"
+            mem.append(abs(r0["memory_error_pct"]))
+            row += f" {r0['measured']['gpu_peak_reserved_bytes'] / 2**30:6.1f} {r0['memory_error_pct']:+6.1f}"
+            print(row)
+        print(f"{'mean / max |error|':72s} {'':7s} " + " ".join(
+            f"{sum(errs[n]) / len(errs[n]):5.1f}/{max(errs[n]):5.1f}" for n, _ in names) +
+            f" {'':6s} {sum(mem) / len(mem):.1f}/{max(mem):.1f}")
+        print()
+        p = pooled.setdefault(engine, ({n: [] for n, _ in names}, []))
         for n, _ in names:
-            e = runs[n][k]["step_error_pct"]
-            errs[n].append(abs(e))
-            row += f" {e:+10.1f}"
-        row += f" {r0['measured']['gpu_peak_reserved_bytes'] / 2**30:6.1f} {r0['memory_error_pct']:+6.1f}"
-        print(row)
-    print(f"{'mean / max |error|':72s} {'':7s} " + " ".join(
-        f"{sum(errs[n]) / len(errs[n]):5.1f}/{max(errs[n]):5.1f}" for n, _ in names))
-    print()
+            p[0][n] += errs[n]
+        p[1].extend(mem)
+print("pooled over the calls: step mean / max |error| (transferred, measured, diagnostic); memory")
+for engine, (errs, mem) in pooled.items():
+    print(f"{title[engine]:12s} {len(mem):3d} runs  " + "  ".join(
+        f"{sum(errs[n]) / len(errs[n]):5.1f}/{max(errs[n]):5.1f}" for n, _ in names) +
+        f"   memory {sum(mem) / len(mem):.1f}/{max(mem):.1f}")
 PY
