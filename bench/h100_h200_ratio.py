@@ -20,7 +20,8 @@ os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 planner = os.path.join(build, "planner", "planner")
 if not os.access(planner, os.X_OK):
-    sys.exit(f"h100_h200_ratio: no {planner} (build first)")
+    print(f"h100_h200_ratio: no {planner} (build first)", file=sys.stderr)
+    sys.exit(2)
 LISTS = [("stepcast", "bench/runlists/h100_blind_1gpu.txt"), ("stepcast", "bench/runlists/h100_blind_2_1gpu.txt"),
          ("deepspeed", "bench/runlists/peers_deepspeed_h100_1gpu.txt"),
          ("fsdp2", "bench/runlists/peers_fsdp2_h100_1gpu.txt"), ("fsdp2", "bench/runlists/peers_fsdp2_h100_2_1gpu.txt")]
