@@ -2,7 +2,8 @@
 // own code paths, for calibrate's component fit (calibrate/micro_record.h):
 //   compute     bf16 GEMMs of the shapes the model families run (the cost
 //               model's own GEMM classes, from make_features), causal flash
-//               attention by sequence length (forward, and backward alone)
+//               attention by sequence length (forward, and backward alone),
+//               a decoder layer's element-wise work (forward and backward)
 //   collectives all-reduce, reduce-scatter, all-gather by size, over NCCL on
 //               the GPU or Gloo on the CPU; each result is checked once
 //   offload     pinned host <-> device copies by size (GPU only)
@@ -186,6 +187,7 @@ std::set<std::array<int64_t, 3>> gemm_shapes(const Flags& f, const std::filesyst
 }
 
 void run_attention(Bench& b, Runtime& rt, const Flags& f);
+void run_elementwise(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::path& dir);
 
 void run_compute(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::path& dir) {
   // bf16 on the GPU as in training; fp32 on the CPU (its bf16 GEMMs are not what a CPU run measures).
@@ -199,6 +201,7 @@ void run_compute(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::p
            "gemm " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]));
   }
   run_attention(b, rt, f);
+  run_elementwise(b, rt, f, dir);
 }
 
 // Causal attention forward, and its backward alone, on `tokens` tokens per call of `batch` x `s`.
@@ -245,6 +248,105 @@ void run_attention(Bench& b, Runtime& rt, const Flags& f) {
     for (int64_t d : dims)
       if (d != head_dim || std::find(seqs.begin(), seqs.end(), s) == seqs.end())
         time_attention(b, opts, dtype, heads, d, s, std::max<int64_t>(1, tokens / s));
+}
+
+// The decoder layer's element-wise work alone, forward and backward, as backend/engine/
+// transformer.cpp runs it around its GEMMs and attention: the norms, rotary on the queries and
+// keys, the copies into and out of the attention kernel's layout (and GQA's repeated keys and
+// values), the MLP's activation and the residual adds. Random tensors stand in for the
+// projections' outputs. The record's "bytes" is the cost model's element-wise traffic of one
+// layer's forward (activation_elems_per_token_per_layer x tokens x the element's bytes): the
+// rate it implies, on two GPUs, is how the model's element-wise term moves between them
+// (calibrate fit's measured components).
+void run_elementwise(Bench& b, Runtime& rt, const Flags& f, const std::filesystem::path& dir) {
+  const auto dt = rt.is_cuda() ? torch::kBFloat16 : torch::kFloat;
+  const double elem_bytes = rt.is_cuda() ? 2.0 : 4.0;
+  const auto opts = torch::TensorOptions().dtype(dt).device(rt.device());
+  const std::vector<std::string> models = f.quick ? std::vector<std::string>{"test-llama-tiny"} : split_comma_list(f.models);
+  const std::vector<int64_t> token_counts = f.quick ? std::vector<int64_t>{256} : std::vector<int64_t>{8192, 16384};
+  const int64_t seq = f.quick ? 128 : 2048;
+  for (const auto& name : models) {
+    const ModelSpec spec = resolve_model(name, dir);
+    const int64_t h = spec.hidden_size, nh = spec.num_heads, nkv = spec.num_kv_heads, d = spec.head_dim;
+    const int64_t rd = spec.rotary_dim, inter = spec.intermediate_size;
+    for (int64_t tokens : token_counts) {
+      const int64_t bsz = std::max<int64_t>(1, tokens / seq), s = tokens / bsz;
+      const auto leaf = [&](std::vector<int64_t> shape) { return torch::randn(shape, opts).requires_grad_(true); };
+      auto x = leaf({bsz, s, h});
+      auto qkv = leaf({bsz, s, (nh + 2 * nkv) * d});
+      auto attn_out = leaf({bsz, nh, s, d});                       // the attention kernel's output
+      auto up = leaf({bsz, s, spec.gated_mlp ? 2 * inter : inter});  // the up (and gate) projection
+      auto attn_proj = leaf({bsz, s, h}), mlp_proj = leaf({bsz, s, h});  // the o and down projections
+      auto w1 = torch::ones({h}, opts).requires_grad_(true), w2 = torch::ones({h}, opts).requires_grad_(true);
+      auto b1 = torch::zeros({h}, opts).requires_grad_(true), b2 = torch::zeros({h}, opts).requires_grad_(true);
+      auto angles = torch::outer(torch::arange(s, torch::dtype(torch::kFloat)),
+                                 torch::pow(spec.rope_theta, -torch::arange(0, std::max<int64_t>(rd, 2), 2,
+                                                                            torch::dtype(torch::kFloat)) /
+                                                                 static_cast<double>(std::max<int64_t>(rd, 2))));
+      auto cos = angles.cos().to(opts.device()).to(dt).view({1, s, 1, -1});
+      auto sin = angles.sin().to(opts.device()).to(dt).view({1, s, 1, -1});
+      const auto norm = [&](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor& bias) {
+        return spec.norm == NormKind::kLayer ? torch::layer_norm(in, {h}, w, bias, spec.norm_eps)
+                                             : compat::rms_norm(in, w, spec.norm_eps);
+      };
+      const auto rotary = [&](const torch::Tensor& in) {
+        if (rd == 0) return in;
+        auto rot = in.narrow(-1, 0, rd);
+        torch::Tensor out;
+        if (spec.model_type == "gptj") {
+          auto a = rot.slice(-1, 0, rd, 2), c = rot.slice(-1, 1, rd, 2);
+          out = torch::stack({a * cos - c * sin, c * cos + a * sin}, -1).flatten(-2);
+        } else {
+          auto a = rot.narrow(-1, 0, rd / 2), c = rot.narrow(-1, rd / 2, rd / 2);
+          out = torch::cat({a * cos - c * sin, c * cos + a * sin}, -1);
+        }
+        return rd == in.size(-1) ? out : torch::cat({out, in.narrow(-1, rd, in.size(-1) - rd)}, -1);
+      };
+      std::vector<torch::Tensor> grads;
+      const auto layer = [&] {
+        std::vector<torch::Tensor> outs;
+        auto n1 = norm(x, w1, b1);
+        outs.push_back(n1);  // the qkv projection's input
+        auto q = rotary(qkv.narrow(-1, 0, nh * d).view({bsz, s, nh, d})).transpose(1, 2);
+        auto k = rotary(qkv.narrow(-1, nh * d, nkv * d).view({bsz, s, nkv, d})).transpose(1, 2);
+        auto v = qkv.narrow(-1, (nh + nkv) * d, nkv * d).view({bsz, s, nkv, d}).transpose(1, 2);
+        if (nkv != nh) {
+          k = k.repeat_interleave(nh / nkv, 1);
+          v = v.repeat_interleave(nh / nkv, 1);
+        }
+        outs.push_back(q.contiguous());
+        outs.push_back(k.contiguous());
+        outs.push_back(v.contiguous());
+        outs.push_back(attn_out.transpose(1, 2).reshape({bsz, s, nh * d}));  // the o projection's input
+        torch::Tensor act;
+        if (spec.gated_mlp) {
+          auto gu = up.chunk(2, -1);
+          act = torch::silu(gu[0]) * gu[1];
+        } else {
+          act = torch::gelu(up, spec.model_type == "gptj" ? "tanh" : "none");
+        }
+        outs.push_back(act);  // the down projection's input
+        if (spec.parallel_residual) {
+          if (spec.norms_per_layer == 2) outs.push_back(norm(x, w2, b2));
+          outs.push_back(x + attn_proj + mlp_proj);
+        } else {
+          auto mid = x + attn_proj;
+          outs.push_back(norm(mid, w2, b2));
+          outs.push_back(mid + mlp_proj);
+        }
+        if (grads.empty())
+          for (const auto& o : outs) grads.push_back(torch::randn_like(o));
+        torch::autograd::backward(outs, grads);
+      };
+      const double sec = b.time_s(2, layer);
+      const double bytes = static_cast<double>(tokens) *
+                           activation_elems_per_token_per_layer(spec, AttentionKind::kFlash, static_cast<double>(s)) *
+                           elem_bytes;
+      b.emit({{"bench", "elementwise"}, {"model", name}, {"tokens", tokens}, {"seq_len", s}, {"bytes", bytes},
+              {"dtype", rt.is_cuda() ? "bf16" : "fp32"}, {"seconds", sec}},
+             "elementwise " + name + " " + std::to_string(tokens) + " tokens");
+    }
+  }
 }
 
 // Each collective on buffers of 1 MiB to 1 GiB (quick: 64 KiB to 4 MiB); the
@@ -394,8 +496,9 @@ int run_rank(const Flags& f) {
 
   const std::vector<std::string> suites = split_comma_list(f.suites);
   for (const auto& s : suites)
-    if (s != "compute" && s != "attention" && s != "collectives" && s != "offload" && s != "optimizer")
-      throw InputError("--suite \"" + s + "\" is not valid (valid: compute, attention, collectives, offload, optimizer)");
+    if (s != "compute" && s != "attention" && s != "elementwise" && s != "collectives" && s != "offload" && s != "optimizer")
+      throw InputError("--suite \"" + s +
+                       "\" is not valid (valid: compute, attention, elementwise, collectives, offload, optimizer)");
   auto has = [&](const char* s) { return std::find(suites.begin(), suites.end(), s) != suites.end(); };
 
   if (lead) append_lines(f.out, "");  // fails now, naming --out's path
@@ -429,6 +532,7 @@ int run_rank(const Flags& f) {
   {
     if (has("compute")) run_compute(b, *rt, f, dir);
     if (has("attention") && !has("compute")) run_attention(b, *rt, f);
+    if (has("elementwise") && !has("compute")) run_elementwise(b, *rt, f, dir);
     if (has("offload")) run_offload(b, *rt);
     if (has("optimizer")) run_optimizer(b, *rt, f);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -445,7 +549,8 @@ int main_impl(int argc, char** argv) {
   CLI::App app{"Stepcast microbench: times GEMMs, attention, collectives, PCIe copies and optimizers alone, for calibrate's component fit."};
   Flags f;
   app.add_option("--out", f.out, "JSONL file to append the measurements to")->required();
-  app.add_option("--suite", f.suites, "comma-separated: compute (GEMMs and attention), attention (alone), collectives, offload, optimizer")->capture_default_str();
+  app.add_option("--suite", f.suites, "comma-separated: compute (GEMMs, attention, the layers' element-wise work), attention (alone), "
+                 "elementwise (alone), collectives, offload, optimizer")->capture_default_str();
   app.add_option("--models", f.models, "models whose GEMM shapes to time")->capture_default_str();
   app.add_option("--nproc", f.nproc, "ranks for the collectives (one per GPU)")->capture_default_str();
   app.add_option("--emulate-nodes", f.emulate_nodes,
