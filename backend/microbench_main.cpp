@@ -262,7 +262,10 @@ void run_elementwise(Bench& b, Runtime& rt, const Flags& f, const std::filesyste
   const auto dt = rt.is_cuda() ? torch::kBFloat16 : torch::kFloat;
   const double elem_bytes = rt.is_cuda() ? 2.0 : 4.0;
   const auto opts = torch::TensorOptions().dtype(dt).device(rt.device());
-  const std::vector<std::string> models = f.quick ? std::vector<std::string>{"test-llama-tiny"} : split_comma_list(f.models);
+  // Quick: the three tiny families (GQA with RMSNorm; GPT-J's interleaved partial rotary; NeoX's
+  // two LayerNorms), so that the CPU tests run every path.
+  const std::vector<std::string> models =
+      f.quick ? std::vector<std::string>{"test-llama-tiny", "test-gptj-tiny", "test-neox-tiny"} : split_comma_list(f.models);
   const std::vector<int64_t> token_counts = f.quick ? std::vector<int64_t>{256} : std::vector<int64_t>{8192, 16384};
   const int64_t seq = f.quick ? 128 : 2048;
   for (const auto& name : models) {
