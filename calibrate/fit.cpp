@@ -247,6 +247,7 @@ std::vector<Coef> component_rate_coefs(const std::vector<MicroRecord>& micro) {
   static const std::vector<Coef> kRates = {kGemmEffMaxFrac,    kAttnEffMaxFrac, kAttnBwdEffMaxFrac,
                                            kIntraBusEffFrac,   kInterBusEffFrac, kPcieEffFrac,
                                            kGpuOptBwEffFrac,   kGpuOptFlopsPerS, kCpuCoreBytesPerSPerLane,
+                                           kElementwiseBwEffFrac,
                                            kCpuLaneFlopsPerS,  kCpuDramEffFrac};
   std::vector<Coef> out;
   for (Coef c : component_coefs(micro))

@@ -28,6 +28,7 @@ constexpr BenchName kBenchNames[kNumMicroBenches] = {
     {MicroBench::kD2H, "d2h"},
     {MicroBench::kCpuOptimizer, "cpu_optimizer"},
     {MicroBench::kGpuOptimizer, "gpu_optimizer"},
+    {MicroBench::kElementwise, "elementwise"},
 };
 
 double positive(const nlohmann::json& j, const char* key, const std::string& where) {
@@ -55,6 +56,9 @@ std::string MicroRecord::label() const {
       std::snprintf(buf, sizeof buf, "%s %s %.0fM params%s", micro_bench_name(bench), optimizer_name(optimizer),
                     params / 1048576.0,
                     bench == MicroBench::kCpuOptimizer ? (" " + std::to_string(static_cast<int>(threads)) + " threads").c_str() : "");
+      break;
+    case MicroBench::kElementwise:
+      std::snprintf(buf, sizeof buf, "elementwise %s %.0f tokens", model.c_str(), tokens);
       break;
     default:
       std::snprintf(buf, sizeof buf, "%s %.0f MiB x%.0f", micro_bench_name(bench), bytes / kBytesPerMiB, world);
@@ -115,6 +119,11 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
         case MicroBench::kD2H:
           r.bytes = positive(j, "bytes", where);
           break;
+        case MicroBench::kElementwise:
+          r.model = j.at("model").get<std::string>();
+          r.tokens = positive(j, "tokens", where);
+          r.bytes = positive(j, "bytes", where);
+          break;
         case MicroBench::kCpuOptimizer:
           r.threads = positive(j, "threads", where);
           [[fallthrough]];
@@ -161,6 +170,10 @@ std::vector<Coef> micro_coefs(MicroBench b) {
       return {kCpuCoreBytesPerSPerLane, kCpuDramEffFrac, kCpuLaneFlopsPerS, kCpuOptStepOverheadS};
     case MicroBench::kGpuOptimizer:
       return {kGpuOptBwEffFrac, kGpuOptFlopsPerS, kOptStepOverheadS};
+    case MicroBench::kElementwise:
+      // Its formula reads the traffic multiplier and the backward's slowdown too; those are the
+      // end-to-end fit's, and a GPU's measurement against another's takes their ratio.
+      return {kElementwiseBwEffFrac};
   }
   return {};
 }

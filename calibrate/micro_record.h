@@ -15,8 +15,8 @@
 
 namespace stepcast::calibrate {
 
-enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer };
-inline constexpr int kNumMicroBenches = 10;
+enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer, kElementwise };
+inline constexpr int kNumMicroBenches = 11;
 const char* micro_bench_name(MicroBench b);
 
 struct MicroRecord {
@@ -30,6 +30,11 @@ struct MicroRecord {
   // collectives and copies: bytes of the full buffer; ranks, and the nodes they form
   // (microbench --emulate-nodes: nodes on one host, joined by NCCL's network transport)
   double bytes = 0, world = 1, nodes = 1;
+  // elementwise: one decoder layer's element-wise work, forward and backward, on `tokens` tokens of
+  // `model`; `bytes` is the cost model's element-wise traffic of that layer's forward (analytic
+  // saved activations)
+  std::string model;
+  double tokens = 0;
   // optimizers: parameters updated, CPU threads
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   double params = 0, threads = 0;
@@ -89,6 +94,9 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
     case MicroBench::kGpuOptimizer:
       return gpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, false),
                                   optimizer_flops(r.optimizer), hw.gpu.memory_bytes_per_s, coef);
+    case MicroBench::kElementwise:
+      // The step model's forward and backward element-wise time of one layer (step_time.h).
+      return elementwise_time_s(r.bytes, hw.gpu.memory_bytes_per_s, coef) * (1.0 + 2.0 * coef[kBackwardSlowdownMult]);
   }
   return T(0.0);
 }

@@ -49,6 +49,15 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "sequence length at which attention backward runs at half its best efficiency"},
     {kElementwiseTrafficMult, "elementwise_traffic_mult", 0.0, 50.0, 8.0, "1",
      "HBM bytes moved by norms, activations, rotary and residuals per saved activation byte"},
+    // The element-wise term above runs at the GPU's HBM rate times this. A GPU's element-wise
+    // micro-benchmark (microbench --suite elementwise: a decoder layer's norms, rotary, layout
+    // copies, activation and residual adds, forward and backward) measures it against that term's
+    // own time; where no micro-benchmark says otherwise it is 1 and the traffic multiplier holds
+    // everything. On another GPU kind the ratio of the two GPUs' measurements carries the term
+    // ([coefficients.measured]), in place of the ratio of their HBM rates. Above 1 where a GPU's
+    // kernels beat the reference's share of its own HBM rate.
+    {kElementwiseBwEffFrac, "elementwise_bw_eff_frac", 0.05, 4.0, 1.0, "1",
+     "rate of the layers' element-wise kernels over the HBM rate the element-wise term assumes"},
     {kLayerOverheadS, "layer_overhead_s", 0.0, 5e-3, 30e-6, "s",
      "fixed launch and synchronisation time per layer per pass"},
     // DeepSpeed ZeRO-3 fetches each module's parameters from a forward pre-hook and again from a

@@ -25,6 +25,7 @@ enum Coef : int {
   kAttnBwdEffMaxFrac,        // best fraction of peak of the fused attention backward
   kAttnBwdHalfSeqTokens,     // sequence length at which the attention backward runs at half its best
   kElementwiseTrafficMult,   // HBM bytes moved by non-GEMM ops per byte of saved activation
+  kElementwiseBwEffFrac,     // the layers' element-wise kernels' rate over the HBM rate that term assumes (microbench)
   kLayerOverheadS,           // fixed launch and sync time per layer per pass (forward or backward)
   kParamFetchOverheadS,      // host time of one hooked parameter fetch (peer engines' ZeRO-3 / FSDP2 units)
   kGradHookOverheadS,        // a peer engine's gradient reduction hook per parameter tensor in the backward (host)

@@ -284,6 +284,10 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
         hw.calibration_runs = c->get_string_array_or(name);
         continue;
       }
+      if (name == "component_runs") {
+        hw.component_runs = c->get_string_array_or(name);
+        continue;
+      }
       if (name == "holdout_frac") {
         hw.calibration_holdout.frac = c->get_double(name, 0.0, 0.999999);
         continue;

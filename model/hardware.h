@@ -205,6 +205,10 @@ struct HardwareProfile {
   // [coefficients] runs: the files the coefficients were fitted from, in the fit's order,
   // relative to the data folder (or absolute); `calibrate report` without --runs reads them.
   std::vector<std::string> calibration_runs;
+  // Micro-benchmark files measured on this GPU after its fit, not fitted: read only as the
+  // reference another GPU's measured components are taken against (calibrate fit on
+  // micro-benchmarks alone). A refit lists them among its runs instead.
+  std::vector<std::string> component_runs;
   // holdout_frac and holdout_seed beside runs: the configurations the fit held out (is_holdout);
   // a fraction < 0 when the profile does not say (written before they were recorded).
   HoldoutSplit calibration_holdout;

@@ -171,6 +171,16 @@ T host_copy_time_s(double convert_bytes, double pageable_bytes, double ranks, do
   return convert_bytes * ranks / stream_bps + pageable_bytes / per_thread;
 }
 
+// The layers' element-wise work of one forward pass (norms, rotary, activations, residual adds,
+// layout copies): `bytes` of analytic saved activations, times the traffic they cost, at the
+// GPU's HBM rate scaled by what its element-wise micro-benchmark measured (1 where none did).
+// The backward's is backward_slowdown_mult x twice this. The step model and the element-wise
+// micro-benchmark (calibrate/micro_record.h) both read it.
+template <class T>
+T elementwise_time_s(double bytes, double hbm_bytes_per_s, const T* coef) {
+  return coef[kElementwiseTrafficMult] * bytes / (hbm_bytes_per_s * coef[kElementwiseBwEffFrac]);
+}
+
 // The GPU optimizer: its traffic at a fraction of HBM bandwidth, or its
 // arithmetic (8-bit AdamW's decode and encode), in the same smooth roofline.
 template <class T>
@@ -218,7 +228,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
                          return attention_fwd_time_s(flops, f.seq_len, math_attn, peak, coef, fp32_pass);
                        }) *
                        f.attn_head_dim_rel_fwd;
-  const T elementwise_fwd_s = coef[kElementwiseTrafficMult] * f.elementwise_bytes_fwd / f.hbm_bytes_per_s;
+  const T elementwise_fwd_s = elementwise_time_s(f.elementwise_bytes_fwd, f.hbm_bytes_per_s, coef);
   const T overhead_s = coef[kLayerOverheadS] * f.num_layers;
 
   // PEFT: the adapters' low-rank GEMMs and their elementwise traffic at HBM speed; QLoRA's

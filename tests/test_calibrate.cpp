@@ -188,6 +188,7 @@ CoefVector component_truth() {
   c[kCpuOptStepOverheadS] = 2e-3;
   c[kAttnBwdEffMaxFrac] = 0.4;
   c[kAttnBwdHalfSeqTokens] = 1500.0;
+  c[kElementwiseBwEffFrac] = 0.8;
   return c;
 }
 
@@ -220,6 +221,11 @@ std::vector<MicroRecord> synthetic_micro(uint64_t seed, const CoefVector& t = co
     for (double params : {1048576.0, 16777216.0, 268435456.0})
       add({.bench = MicroBench::kGpuOptimizer, .optimizer = o, .params = params});
   }
+  // One decoder layer's element-wise work at 8192 and 16384 tokens (the analytic bytes microbench
+  // writes for pythia-2.8b, llama-2-7b and qwen2.5-7b).
+  for (double tokens : {8192.0, 16384.0})
+    for (double bytes_per_token : {81920.0, 153600.0, 196608.0})
+      add({.bench = MicroBench::kElementwise, .bytes = bytes_per_token * tokens, .model = "m", .tokens = tokens});
   return out;
 }
 
@@ -239,7 +245,8 @@ TEST_CASE("component fit: each component's coefficients come back from its micro
   // Those that set a rate over a size sweep: 5 %. The second-order ones (a tile
   // half-size, a latency under large transfers, the sequence half-point): 30 %.
   for (Coef c : {kGemmEffMaxFrac, kAttnEffMaxFrac, kAttnBwdEffMaxFrac, kIntraBusEffFrac, kRsAgBusEffMult,
-                 kPcieEffFrac, kCpuDramEffFrac, kCpuCoreBytesPerSPerLane, kGpuOptBwEffFrac, kGpuOptFlopsPerS}) {
+                 kPcieEffFrac, kCpuDramEffFrac, kCpuCoreBytesPerSPerLane, kGpuOptBwEffFrac, kGpuOptFlopsPerS,
+                 kElementwiseBwEffFrac}) {
     CAPTURE(coef_table()[c].name);
     CHECK(fit.coefs[c] == doctest::Approx(t[c]).epsilon(0.05));
   }
@@ -305,6 +312,29 @@ TEST_CASE("measured components: a host's planted ratios come back, and the profi
   CHECK(g.measured.rel.at(kGemmEffMaxFrac) == doctest::Approx(0.9).epsilon(0.03));
   CHECK(g.measured.rel.at(kCpuCoreBytesPerSPerLane) == doctest::Approx(1.0).epsilon(0.05));
 
+  // The layers' element-wise work carries to another GPU by the two GPUs' measurements, not by
+  // their HBM rates. By hand: each GPU's component fit sets elementwise_bw_eff_frac to the step
+  // model's element-wise time at factor 1 over the measured time, so the ratio it stores is
+  // (HBM_ref / HBM_here) x (t_ref / t_here), and the applied profile's term, at the reference's
+  // traffic multiplier, over the reference's is HBM_ref x 1 / (HBM_here x ratio) = t_here / t_ref.
+  // Planted: the A100 runs the same layers 1.5 times as long as the H200, where the HBM rates
+  // alone (4.8 / 2.04 TB/s) say 2.35 times.
+  std::vector<MicroRecord> slower = synthetic_micro(23, component_truth(), a100);
+  for (MicroRecord& rec : slower)
+    if (rec.bench == MicroBench::kElementwise)
+      for (const MicroRecord& on_ref : ref_micro)
+        if (on_ref.bench == MicroBench::kElementwise && on_ref.bytes == rec.bytes) rec.seconds = 1.5 * on_ref.seconds;
+  const MeasuredFit e = measure_components(slower, a100, ref_micro, h200);
+  HardwareProfile carried = a100;
+  carried.measured = e.measured;
+  apply_measured(carried, h200);
+  const double bytes = 1e9;
+  const double term_ratio = elementwise_time_s(bytes, carried.gpu.memory_bytes_per_s, carried.coefs.data()) /
+                            elementwise_time_s(bytes, h200.gpu.memory_bytes_per_s, h200.coefs.data());
+  CHECK(carried.coefs[kElementwiseTrafficMult] == h200.coefs[kElementwiseTrafficMult]);
+  CHECK(term_ratio == doctest::Approx(1.5).epsilon(0.03));
+  CHECK(h200.gpu.memory_bytes_per_s / a100.gpu.memory_bytes_per_s > 2.0);  // the ratio it replaces
+
   // A GPU benchmark timed on the CPU measures nothing of the GPU: one line naming the record.
   std::vector<MicroRecord> on_cpu = synthetic_micro(24);
   on_cpu.front().device = "cpu";
@@ -350,6 +380,12 @@ TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
     CHECK(what.find("stepcast_bad_micro.jsonl:3") != std::string::npos);
     CHECK(what.find("\"bytes\"") != std::string::npos);
   }
+  std::ofstream(p) << R"({"kind":"micro","bench":"elementwise","model":"llama-2-7b","tokens":8192,"seconds":1e-3})"
+                   << "\n";
+  CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("key 'bytes' not found"), InputError);
+  std::ofstream(p) << R"({"kind":"micro","bench":"elementwise","model":"llama-2-7b","tokens":0,"bytes":1,"seconds":1e-3})"
+                   << "\n";
+  CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("key \"tokens\" must be positive"), InputError);
   std::ofstream(p) << R"({"kind":"micro","bench":"fft","seconds":1})" << "\n";
   CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("unknown value \"fft\""), InputError);
   fs::remove(p);
