@@ -8,6 +8,9 @@
 #                engine coefficients);
 #   measured     the same profile with the call's own micro-benchmarks as measured components
 #                (calibrate fit --hardware h100-sxm --runs micro.jsonl --out ...);
+#   +elementwise measured, with the layers' element-wise micro-benchmarks as well (one H100
+#                machine of session 40 for both calls, against the H200's of the same commit:
+#                elementwise_bw_eff_frac, docs/cost_model.md);
 #   diagnostic   measured, with the H200's HBM rate (4.8 TB/s) in place of the H100's 3.35: not a
 #                model, a test of which term carries the miss (docs/cost_model.md).
 # and the mean / max |error| of each. Runs on the CPU in seconds.
@@ -27,6 +30,8 @@ CALLS=(
 for call in "${CALLS[@]}"; do
   read -r n micro pairs <<<"$call"
   $B/calibrate/calibrate fit --hardware h100-sxm --runs "$R/$micro" --out "$T/measured$n.toml" >/dev/null
+  $B/calibrate/calibrate fit --hardware h100-sxm --runs "$R/$micro" "$R/2026-12-05_elementwise_micro.jsonl" \
+    --out "$T/elementwise$n.toml" >/dev/null
   sed 's/^memory_bytes_per_s = { value = 3350000000000.0/memory_bytes_per_s = { value = 4800000000000.0/' \
     "$T/measured$n.toml" >"$T/diagnostic$n.toml"
   grep -q '^memory_bytes_per_s = { value = 4800000000000.0' "$T/diagnostic$n.toml" ||
@@ -34,7 +39,7 @@ for call in "${CALLS[@]}"; do
   for pair in $pairs; do
     engine=${pair%%:*}; runs=${pair#*:}
     flag=(); [[ $engine == ours ]] || flag=(--engine "$engine")
-    for p in h100-sxm "$T/measured$n.toml" "$T/diagnostic$n.toml"; do
+    for p in h100-sxm "$T/measured$n.toml" "$T/elementwise$n.toml" "$T/diagnostic$n.toml"; do
       label=$(basename "$p" .toml); label=${label%$n}
       $B/calibrate/calibrate report "${flag[@]}" --hardware "$p" --runs "$R/$runs" --json \
         >"$T/call$n.$engine.$label.json" 2>/dev/null
@@ -44,7 +49,8 @@ done
 python3 - "$T" <<'PY'
 import glob, json, os, sys
 t = sys.argv[1]
-names = [("h100-sxm", "transferred"), ("measured", "measured"), ("diagnostic", "diagnostic")]
+names = [("h100-sxm", "transferred"), ("measured", "measured"), ("elementwise", "+elementwise"),
+         ("diagnostic", "diagnostic")]
 title = {"ours": "our backend", "deepspeed": "DeepSpeed", "fsdp2": "FSDP2"}
 pooled = {}
 for engine in ("ours", "deepspeed", "fsdp2"):
@@ -71,7 +77,7 @@ for engine in ("ours", "deepspeed", "fsdp2"):
         for n, _ in names:
             p[0][n] += errs[n]
         p[1].extend(mem)
-print("pooled over the calls: step mean / max |error| (transferred, measured, diagnostic); memory")
+print("pooled over the calls: step mean / max |error| (transferred, measured, +elementwise, diagnostic); memory")
 for engine, (errs, mem) in pooled.items():
     print(f"{title[engine]:12s} {len(mem):3d} runs  " + "  ".join(
         f"{sum(errs[n]) / len(errs[n]):5.1f}/{max(errs[n]):5.1f}" for n, _ in names) +

@@ -7,6 +7,8 @@ the H200, and what the transfer to another GPU gets wrong. The ratio of the two 
 same configuration isolates the second: the model predicts it as h100-sxm's step over
 h200-sxm's (`planner explain` on each profile), the data as the H100's median step over the
 H200's (the median over the calls of each call's median step; a call is a runs file).
+A second predicted ratio ("+ew") takes h100-sxm with the H100's micro-benchmarks as measured
+components, the layers' element-wise micro-benchmark among them (calibrate fit --runs ... --out).
 Usage: python3 bench/h100_h200_ratio.py [BUILD_DIR]   (runs on the CPU in seconds)
 """
 import glob
@@ -15,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
@@ -70,9 +73,14 @@ def predict(model, nproc, flags, engine, hardware):
 
 
 h100, h200 = records("h100-sxm"), records("h200-sxm")
+tmp = tempfile.TemporaryDirectory()
+measured_profile = os.path.join(tmp.name, "h100-measured.toml")
+subprocess.run([os.path.join(build, "calibrate", "calibrate"), "fit", "--hardware", "h100-sxm", "--out", measured_profile,
+                "--runs", *sorted(glob.glob("data/runs/h100-sxm/*_micro.jsonl"))], check=True, capture_output=True)
 print("configurations measured on both GPUs: step time H100 / H200, measured and predicted")
-print(f"{'engine':9s} {'configuration':78s} {'H100 s':>7s} {'H200 s':>7s} {'meas':>6s} {'pred':>6s} {'pred/meas':>9s}")
-errs = []
+print(f"{'engine':9s} {'configuration':70s} {'H100 s':>7s} {'H200 s':>7s} {'meas':>6s} {'pred':>6s} {'pred/meas':>9s}"
+      f" {'+ew':>6s} {'pred/meas':>9s}")
+errs, errs_ew = [], []
 for engine, path in LISTS:
     for line in open(path):
         if not line.strip() or line.startswith("#"):
@@ -80,14 +88,18 @@ for engine, path in LISTS:
         model, nproc, *flags = line.split()
         t100, config = predict(model, nproc, flags, engine, "h100-sxm")
         t200, _ = predict(model, nproc, flags, engine, "h200-sxm")
+        t100_ew, _ = predict(model, nproc, flags, engine, measured_profile)
         plan = {"model": model, "engine": engine, "config": config}
         m100, m200 = measured(plan, h100), measured(plan, h200)
         if m100 is None or m200 is None:
             continue
-        meas, pred = m100 / m200, t100 / t200
+        meas, pred, pred_ew = m100 / m200, t100 / t200, t100_ew / t200
         errs.append(pred / meas - 1)
-        print(f"{engine:9s} {(model + ' ' + ' '.join(flags))[:78]:78s} {m100:7.3f} {m200:7.3f} {meas:6.3f} {pred:6.3f}"
-              f" {100 * (pred / meas - 1):+8.1f}%")
-if errs:
-    print(f"{len(errs)} configurations; the predicted ratio over the measured one: mean {100 * statistics.mean(errs):+.1f} %, "
-          f"range {100 * min(errs):+.1f} to {100 * max(errs):+.1f} %")
+        errs_ew.append(pred_ew / meas - 1)
+        print(f"{engine:9s} {(model + ' ' + ' '.join(flags))[:70]:70s} {m100:7.3f} {m200:7.3f} {meas:6.3f} {pred:6.3f}"
+              f" {100 * (pred / meas - 1):+8.1f}% {pred_ew:6.3f} {100 * (pred_ew / meas - 1):+8.1f}%")
+for name, e in (("datasheet h100-sxm", errs), ("with measured components", errs_ew)):
+    if e:
+        print(f"{len(e)} configurations, {name}: the predicted ratio over the measured one: mean "
+              f"{100 * statistics.mean(e):+.1f} % (|mean| {100 * statistics.mean(abs(x) for x in e):.1f} %), "
+              f"range {100 * min(e):+.1f} to {100 * max(e):+.1f} %")

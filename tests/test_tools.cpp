@@ -90,7 +90,7 @@ TEST_CASE("calibrate measure runs the micro-benchmarks and a list, appends JSONL
   const auto micro = calibrate::load_micro({out / "micro.jsonl"});
   std::set<std::string> kinds;
   for (const auto& r : micro) kinds.insert(calibrate::micro_bench_name(r.bench));
-  std::set<std::string> want = {"gemm", "attention", "cpu_optimizer"};
+  std::set<std::string> want = {"gemm", "attention", "elementwise", "cpu_optimizer"};
   if (g_nproc > 1) want.insert({"all_reduce", "reduce_scatter", "all_gather"});
   if (g_device == "cuda") want.insert({"h2d", "d2h", "gpu_optimizer"});
   for (const auto& k : want) {
