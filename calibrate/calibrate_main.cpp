@@ -57,6 +57,11 @@ int main_impl(int argc, char** argv) {
   }
   app.get_subcommand("fit")->add_option("--out", out, "calibrated profile to write (default: the profile itself)");
   app.get_subcommand("report")->add_option("--svg", svg, "write a predicted-vs-measured plot");
+  bool no_cv = false;
+  app.get_subcommand("report")->add_flag(
+      "--no-cv", no_cv,
+      "predicted against measured only: no cross-validation and no coefficient bootstrap (seconds, not minutes; "
+      "the --json has no \"cv\" and no \"coefficients\")");
   std::vector<std::string> published;
   CLI::Option* published_opt =
       app.get_subcommand("report")
@@ -130,7 +135,7 @@ int main_impl(int argc, char** argv) {
   std::optional<HoldoutSplit> split;
   if (app.get_subcommand("report")->get_option("--holdout-frac")->count() > 0) split = HoldoutSplit{holdout, seed};
 #ifdef STEPCAST_HAVE_CERES
-  return run_report(runs, hardware, split, dir, json, svg, fit_analyses, fit_engine);
+  return run_report(runs, hardware, split, dir, json, svg, no_cv ? CrossValidator() : CrossValidator(fit_analyses), fit_engine);
 #else
   return run_report(runs, hardware, split, dir, json, svg, nullptr, fit_engine);
 #endif

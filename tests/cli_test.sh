@@ -219,6 +219,17 @@ ok = (len(rows) == l["configurations"] > 0 and len({r["key"] for r in rows}) == 
       and abs(errs[0] - l["step_time_max_abs_pct_error"]) < 1e-9)
 sys.exit(0 if ok else 1)'; then
     ok; else bad "calibrate report: cv.loco.runs disagrees with the LOCO summary"; fi
+  # --no-cv: the same runs, predictions and labels, without the cross-validation or the
+  # coefficients' bootstrap.
+  if "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --no-cv --json 2>/dev/null >"$TMP/nocv.json" &&
+     "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --json 2>/dev/null |
+     python3 -c '
+import json, sys
+full = json.load(sys.stdin); quick = json.load(open(sys.argv[1]))
+ok = ("cv" in full and "coefficients" in full and "cv" not in quick and "coefficients" not in quick
+      and quick["runs"] == full["runs"] and quick["fit"] == full["fit"])
+sys.exit(0 if ok else 1)' "$TMP/nocv.json"; then
+    ok; else bad "calibrate report --no-cv: not the full report less cv and coefficients"; fi
   # calibrate predict: one row per run-list line (comments skipped), each the plan planner explain
   # gives for that line (the same step time and memory), under the build's commit.
   list="$(mktemp)"
