@@ -22,15 +22,19 @@ B=${1:-build}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 R=data/runs/h100-sxm
-# call: its micro-benchmarks, then ENGINE:RUNS pairs measured in it.
+# call: its micro-benchmarks (comma-separated), then ENGINE:RUNS pairs measured in it. The third
+# call (session 40) ran no micro-benchmarks of its own but the element-wise ones; it was predicted
+# with the first three calls' (h100_blind_3_1gpu_measured_5e4b1f8.txt), as its row here does.
 CALLS=(
   "1 2026-12-05_h100_blind_1gpu_micro.jsonl ours:2026-12-05_h100_blind_1gpu.jsonl fsdp2:2026-12-05_peers_fsdp2_h100_1gpu.jsonl"
   "2 2026-12-05_h100_blind_2_1gpu_micro.jsonl ours:2026-12-05_h100_blind_2_1gpu.jsonl deepspeed:2026-12-05_peers_deepspeed_h100_1gpu.jsonl fsdp2:2026-12-05_peers_fsdp2_h100_2_1gpu.jsonl"
+  "3 2026-12-05_h100_blind_1gpu_micro.jsonl,2026-12-05_h100_blind_2_1gpu_micro.jsonl,2026-12-05_h100_repeat_micro.jsonl ours:2026-12-05_h100_blind_3_1gpu.jsonl"
 )
 for call in "${CALLS[@]}"; do
   read -r n micro pairs <<<"$call"
-  $B/calibrate/calibrate fit --hardware h100-sxm --runs "$R/$micro" --out "$T/measured$n.toml" >/dev/null
-  $B/calibrate/calibrate fit --hardware h100-sxm --runs "$R/$micro" "$R/2026-12-05_elementwise_micro.jsonl" \
+  files=(); IFS=, read -r -a names <<<"$micro"; for f in "${names[@]}"; do files+=("$R/$f"); done
+  $B/calibrate/calibrate fit --hardware h100-sxm --runs "${files[@]}" --out "$T/measured$n.toml" >/dev/null
+  $B/calibrate/calibrate fit --hardware h100-sxm --runs "${files[@]}" "$R/2026-12-05_elementwise_micro.jsonl" \
     --out "$T/elementwise$n.toml" >/dev/null
   sed 's/^memory_bytes_per_s = { value = 3350000000000.0/memory_bytes_per_s = { value = 4800000000000.0/' \
     "$T/measured$n.toml" >"$T/diagnostic$n.toml"
