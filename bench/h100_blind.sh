@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Our backend, real DeepSpeed and PyTorch FSDP2 on lent H100 SXM 80GB machines, the first GPU
-# kind other than the H200 (data/runs/h100-sxm/). Two calls, each predicted before it ran by the
-# committed h100-sxm profile (bench/predictions/h100_blind_1gpu_c29c9b9.*,
-# peers_fsdp2_h100_1gpu_e4cf7c8.txt; h100_blind_2_1gpu_8e05810.*, peers_deepspeed_h100_1gpu_8e05810.txt,
-# peers_fsdp2_h100_2_1gpu_8e05810.txt). Prints, per configuration, the measured step time against
+# kind other than the H200 (data/runs/h100-sxm/). Three calls, each predicted before it ran
+# (bench/predictions/h100_blind_1gpu_c29c9b9.*, peers_fsdp2_h100_1gpu_e4cf7c8.txt;
+# h100_blind_2_1gpu_8e05810.*, peers_deepspeed_h100_1gpu_8e05810.txt, peers_fsdp2_h100_2_1gpu_8e05810.txt;
+# h100_blind_3_1gpu_5e4b1f8.txt and h100_blind_3_1gpu_measured_5e4b1f8.txt). Prints, per configuration, the measured step time against
 #   transferred  the h100-sxm profile as it is now (datasheet hardware, h200-sxm's fitted and
 #                engine coefficients);
 #   measured     the same profile with the call's own micro-benchmarks as measured components
 #                (calibrate fit --hardware h100-sxm --runs micro.jsonl --out ...);
 #   +elementwise measured, with the layers' element-wise micro-benchmarks as well (one H100
-#                machine of session 40 for both calls, against the H200's of the same commit:
+#                machine's, the same for every call, against the H200's of the same commit:
 #                elementwise_bw_eff_frac, docs/cost_model.md);
 #   diagnostic   measured, with the H200's HBM rate (4.8 TB/s) in place of the H100's 3.35: not a
 #                model, a test of which term carries the miss (docs/cost_model.md).
@@ -23,8 +23,8 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 R=data/runs/h100-sxm
 # call: its micro-benchmarks (comma-separated), then ENGINE:RUNS pairs measured in it. The third
-# call (session 40) ran no micro-benchmarks of its own but the element-wise ones; it was predicted
-# with the first three calls' (h100_blind_3_1gpu_measured_5e4b1f8.txt), as its row here does.
+# call timed no micro-benchmarks but the element-wise ones, so its row takes the other calls', as
+# its blind prediction did (h100_blind_3_1gpu_measured_5e4b1f8.txt).
 CALLS=(
   "1 2026-12-05_h100_blind_1gpu_micro.jsonl ours:2026-12-05_h100_blind_1gpu.jsonl fsdp2:2026-12-05_peers_fsdp2_h100_1gpu.jsonl"
   "2 2026-12-05_h100_blind_2_1gpu_micro.jsonl ours:2026-12-05_h100_blind_2_1gpu.jsonl deepspeed:2026-12-05_peers_deepspeed_h100_1gpu.jsonl fsdp2:2026-12-05_peers_fsdp2_h100_2_1gpu.jsonl"
