@@ -147,6 +147,21 @@ void print_ratios(const std::vector<nlohmann::json>& recs) {
                    r.contains("threads") ? (", " + std::to_string(r["threads"].get<int>()) + " threads").c_str() : "",
                    (*fp32)["seconds"].get<double>() / r["seconds"].get<double>());
   }
+  // The layers' element-wise work: time per analytic byte of each family against the largest record's family at the
+  // same tokens (the families' kernels differ, the bytes the model counts for them should not).
+  const nlohmann::json* ew_ref = find(is("elementwise"));
+  for (const auto& r : recs) {
+    if (r["bench"] != "elementwise" || ew_ref == nullptr || r["model"] == (*ew_ref)["model"]) continue;
+    const auto* ref = find([&](const nlohmann::json& q) {
+      return q["bench"] == "elementwise" && q["model"] == (*ew_ref)["model"] && q["tokens"] == r["tokens"];
+    });
+    if (!ref) continue;
+    std::fprintf(stderr, "  elementwise %s vs %s (%.0f tokens): %.2fx time per analytic byte\n",
+                 r["model"].get<std::string>().c_str(), (*ref)["model"].get<std::string>().c_str(),
+                 r["tokens"].get<double>(),
+                 (r["seconds"].get<double>() / r["bytes"].get<double>()) /
+                     ((*ref)["seconds"].get<double>() / (*ref)["bytes"].get<double>()));
+  }
   // Attention: time per FLOP at each head dimension against the sequence sweep's head (the first
   // attention record's) at the same sequence length and batch.
   const nlohmann::json* first = find(is("attention"));
