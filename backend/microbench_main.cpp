@@ -147,8 +147,9 @@ void print_ratios(const std::vector<nlohmann::json>& recs) {
                    r.contains("threads") ? (", " + std::to_string(r["threads"].get<int>()) + " threads").c_str() : "",
                    (*fp32)["seconds"].get<double>() / r["seconds"].get<double>());
   }
-  // The layers' element-wise work: time per analytic byte of each family against the largest record's family at the
-  // same tokens (the families' kernels differ, the bytes the model counts for them should not).
+  // The layers' element-wise work: time per analytic byte of each family against the family of the
+  // largest record, at the same tokens (the kernels differ by family; the model's bytes should
+  // carry that difference).
   const nlohmann::json* ew_ref = find(is("elementwise"));
   for (const auto& r : recs) {
     if (r["bench"] != "elementwise" || ew_ref == nullptr || r["model"] == (*ew_ref)["model"]) continue;
