@@ -34,6 +34,7 @@
 #include "backend/runtime/compat.h"
 #include "backend/optim/cpu_adamw.h"
 #include "backend/cuda/kernels.h"
+#include "backend/engine/transformer.h"
 #include "backend/comm/launcher.h"
 #include "backend/optim/quant8.h"
 #include "backend/runtime/runtime.h"
@@ -287,7 +288,7 @@ void run_elementwise(Bench& b, Runtime& rt, const Flags& f, const std::filesyste
   for (const auto& name : models) {
     const ModelSpec spec = resolve_model(name, dir);
     const int64_t h = spec.hidden_size, nh = spec.num_heads, nkv = spec.num_kv_heads, d = spec.head_dim;
-    const int64_t rd = spec.rotary_dim, inter = spec.intermediate_size;
+    const int64_t inter = spec.intermediate_size;
     for (int64_t tokens : token_counts) {
       const int64_t bsz = std::max<int64_t>(1, tokens / seq), s = tokens / bsz;
       const auto leaf = [&](std::vector<int64_t> shape) { return torch::randn(shape, opts).requires_grad_(true); };
@@ -298,29 +299,11 @@ void run_elementwise(Bench& b, Runtime& rt, const Flags& f, const std::filesyste
       auto attn_proj = leaf({bsz, s, h}), mlp_proj = leaf({bsz, s, h});  // the o and down projections
       auto w1 = torch::ones({h}, opts).requires_grad_(true), w2 = torch::ones({h}, opts).requires_grad_(true);
       auto b1 = torch::zeros({h}, opts).requires_grad_(true), b2 = torch::zeros({h}, opts).requires_grad_(true);
-      auto angles = torch::outer(torch::arange(s, torch::dtype(torch::kFloat)),
-                                 torch::pow(spec.rope_theta, -torch::arange(0, std::max<int64_t>(rd, 2), 2,
-                                                                            torch::dtype(torch::kFloat)) /
-                                                                 static_cast<double>(std::max<int64_t>(rd, 2))));
-      auto cos = angles.cos().to(opts.device()).to(dt).view({1, s, 1, -1});
-      auto sin = angles.sin().to(opts.device()).to(dt).view({1, s, 1, -1});
+      const Transformer model(spec, rt.device());  // its norm and rotary, as the layers run them
       const auto norm = [&](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor& bias) {
-        return spec.norm == NormKind::kLayer ? torch::layer_norm(in, {h}, w, bias, spec.norm_eps)
-                                             : compat::rms_norm(in, w, spec.norm_eps);
+        return model.norm(in, w, bias);
       };
-      const auto rotary = [&](const torch::Tensor& in) {
-        if (rd == 0) return in;
-        auto rot = in.narrow(-1, 0, rd);
-        torch::Tensor out;
-        if (spec.model_type == "gptj") {
-          auto a = rot.slice(-1, 0, rd, 2), c = rot.slice(-1, 1, rd, 2);
-          out = torch::stack({a * cos - c * sin, c * cos + a * sin}, -1).flatten(-2);
-        } else {
-          auto a = rot.narrow(-1, 0, rd / 2), c = rot.narrow(-1, rd / 2, rd / 2);
-          out = torch::cat({a * cos - c * sin, c * cos + a * sin}, -1);
-        }
-        return rd == in.size(-1) ? out : torch::cat({out, in.narrow(-1, rd, in.size(-1) - rd)}, -1);
-      };
+      const auto rotary = [&](const torch::Tensor& in) { return model.rotary(in, s); };
       std::vector<torch::Tensor> grads;
       const auto layer = [&] {
         std::vector<torch::Tensor> outs;

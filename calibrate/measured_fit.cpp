@@ -104,9 +104,8 @@ int run_measured_fit(const std::vector<std::string>& run_files, const std::strin
   }();
   if (ref.calibration_runs.empty())
     throw InputError(ref.path + ": [coefficients] names no runs (key 'runs'): its micro-benchmarks cannot be found");
-  std::vector<fs::path> ref_files;
-  for (const std::string& r : ref.calibration_runs) ref_files.push_back(fs::path(r).is_absolute() ? fs::path(r) : data_dir / r);
-  for (const std::string& r : ref.component_runs) ref_files.push_back(fs::path(r).is_absolute() ? fs::path(r) : data_dir / r);
+  std::vector<fs::path> ref_files = profile_run_paths(ref.calibration_runs, data_dir);
+  for (const fs::path& p : profile_run_paths(ref.component_runs, data_dir)) ref_files.push_back(p);
   const std::vector<MicroRecord> ref_micro = load_micro(ref_files);
   if (ref_micro.empty())
     throw InputError(ref.path + ": the runs its [coefficients] name hold no micro-benchmarks to compare with");

@@ -169,6 +169,12 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
   return out;
 }
 
+std::vector<fs::path> profile_run_paths(const std::vector<std::string>& named, const fs::path& data_dir) {
+  std::vector<fs::path> out;
+  for (const std::string& r : named) out.push_back(fs::path(r).is_absolute() ? fs::path(r) : data_dir / r);
+  return out;
+}
+
 
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name,
                std::optional<HoldoutSplit> split, const std::string& dir, bool json, const std::string& svg,
@@ -183,15 +189,11 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   const double holdout_frac = split->frac;
   const uint64_t seed = split->seed;
   // Without --runs: the runs the profile says it was fitted from.
-  std::vector<std::string> named = run_files;
-  if (named.empty()) {
-    if (hw.calibration_runs.empty())
-      throw InputError(hw.path + ": " + (engine == "stepcast" ? "[coefficients]" : "[engines." + engine + "]") +
-                       " names no runs (key 'runs'); give --runs FILE...");
-    for (const std::string& r : hw.calibration_runs)
-      named.push_back(fs::path(r).is_absolute() ? r : (resolve_data_dir(dir) / r).string());
-  }
-  const auto files = to_paths(named);
+  if (run_files.empty() && hw.calibration_runs.empty())
+    throw InputError(hw.path + ": " + (engine == "stepcast" ? "[coefficients]" : "[engines." + engine + "]") +
+                     " names no runs (key 'runs'); give --runs FILE...");
+  const auto files =
+      run_files.empty() ? profile_run_paths(hw.calibration_runs, resolve_data_dir(dir)) : to_paths(run_files);
   const auto runs = runs_of_engine(load_runs(files, resolve_data_dir(dir)), engine);
   const auto micro = engine == "stepcast" ? load_micro(files) : std::vector<MicroRecord>{};
   if (runs.empty() && micro.empty())

@@ -45,6 +45,11 @@ nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
 // --runs as paths; InputError when it names none.
 std::vector<std::filesystem::path> to_paths(const std::vector<std::string>& v);
 
+// Run files as a profile names them (its [coefficients] runs and component_runs): absolute, or
+// relative to the data folder.
+std::vector<std::filesystem::path> profile_run_paths(const std::vector<std::string>& named,
+                                                     const std::filesystem::path& data_dir);
+
 // What needs the fit (calibrate/cross_validate.h, Ceres): an object whose members ("cv",
 // "coefficients") join the report.
 using CrossValidator = std::function<nlohmann::json(const std::vector<RunRecord>&, const std::vector<MicroRecord>&,

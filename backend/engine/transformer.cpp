@@ -84,12 +84,14 @@ torch::Tensor Transformer::embed(const UnitParams& p, const torch::Tensor& token
   return torch::embedding(p["wte"], tokens);
 }
 
+torch::Tensor Transformer::norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) const {
+  if (spec_.norm == NormKind::kLayer) return torch::layer_norm(x, {spec_.hidden_size}, weight, bias, spec_.norm_eps);
+  return compat::rms_norm(x, weight, spec_.norm_eps);
+}
+
 torch::Tensor Transformer::norm(const UnitParams& p, const std::string& prefix, const torch::Tensor& x) const {
-  const torch::Tensor& w = p[prefix + ".weight"];
-  if (spec_.norm == NormKind::kLayer) {
-    return torch::layer_norm(x, {spec_.hidden_size}, w, p[prefix + ".bias"], spec_.norm_eps);
-  }
-  return compat::rms_norm(x, w, spec_.norm_eps);
+  const bool biased = spec_.norm == NormKind::kLayer;
+  return norm(x, p[prefix + ".weight"], biased ? p[prefix + ".bias"] : torch::Tensor());
 }
 
 void Transformer::ensure_rotary_cache(int64_t seq) const {

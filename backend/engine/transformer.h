@@ -44,9 +44,13 @@ class Transformer {
 
   const ModelSpec& spec() const { return spec_; }
 
+  // The family's norm on x (B, S, h): RMSNorm with `weight`, or LayerNorm with `weight` and
+  // `bias`. Public, with rotary, so that microbench's element-wise suite times these very ops.
+  torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) const;
+  torch::Tensor rotary(const torch::Tensor& x, int64_t seq) const;  // (B, S, heads, d)
+
  private:
   torch::Tensor norm(const UnitParams& p, const std::string& prefix, const torch::Tensor& x) const;
-  torch::Tensor rotary(const torch::Tensor& x, int64_t seq) const;  // (B, S, heads, d)
   torch::Tensor attention(const UnitParams& p, const torch::Tensor& x) const;
   torch::Tensor mlp(const UnitParams& p, const torch::Tensor& x) const;
   // The projection `stem` ("qkv", "o", "up", "down", "lm_head"): its weight in the working
