@@ -2,6 +2,7 @@
 # Writes the accuracy figures the docs quote, each generated from committed data by this build's
 # `calibrate report`, so that no figure in the docs is typed by hand:
 #   docs/figures/h200_report.txt       calibrate report --hardware h200-sxm (our engine)
+#   docs/figures/h200_report.svg       its predicted-against-measured plot (--svg)
 #   docs/figures/deepspeed_report.txt  calibrate report --engine deepspeed --hardware h200-sxm
 #   docs/figures/fsdp2_report.txt      calibrate report --engine fsdp2 --hardware h200-sxm
 #   docs/figures/published_report.txt calibrate report --published
@@ -30,12 +31,12 @@ gen() {  # NAME ARGS...: one report into DEST/NAME.txt; a failed report is named
   mv "$DEST/$name.txt.part" "$DEST/$name.txt"; rm -f "$DEST/$name.err"
 }
 gen published_report --published
-gen h200_report --hardware h200-sxm
+gen h200_report --hardware h200-sxm --svg "$DEST/h200_report.svg"
 gen deepspeed_report --engine deepspeed --hardware h200-sxm
 gen fsdp2_report --engine fsdp2 --hardware h200-sxm
 (( status != 0 )) && exit $status
 if [[ "$CHECK" == "--check" ]]; then
-  for f in "$DEST"/*.txt; do
+  for f in "$DEST"/*.txt "$DEST"/*.svg; do
     name=$(basename "$f")
     if ! cmp -s "$f" "docs/figures/$name"; then
       echo "docs_figures: docs/figures/$name differs from what the committed data gives (bash scripts/docs_figures.sh $BUILD)" >&2
