@@ -9,6 +9,8 @@
 //                     (a designed hold-out's predictions, before it is measured)
 //   calibrate measure --list bench/runlists/calibration.txt --out DIR   (on a GPU host:
 //                     micro-benchmarks, then the designed step runs)
+//   calibrate link    --runs micro.jsonl --hardware h200-sxm --out DIR/NAME.toml   (the inter-node
+//                     link from collectives timed across nodes; no Ceres, so on the GPU host too)
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
@@ -18,6 +20,7 @@
 #ifdef STEPCAST_HAVE_CERES
 #include "calibrate/fit_command.h"
 #endif
+#include "calibrate/link_fit.h"
 #include "calibrate/measure.h"
 #include "calibrate/published.h"
 #include "calibrate/report.h"
@@ -107,8 +110,19 @@ int main_impl(int argc, char** argv) {
   predict_cmd->add_option("--data-dir", predict.data_dir, "folder with models/ and hardware/");
   predict_cmd->add_option("--planner", predict.planner, "the planner binary (default: beside calibrate)");
   predict_cmd->add_flag("--json", predict.json, "print JSON");
+  std::vector<std::string> link_runs;
+  std::string link_out;
+  bool link_json = false;
+  CLI::App* link_cmd = app.add_subcommand(
+      "link", "the inter-node link from collective micro-benchmarks timed across nodes: a profile with it");
+  link_cmd->add_option("--runs", link_runs, "microbench JSONL with collectives across nodes (--emulate-nodes K)")->required();
+  link_cmd->add_option("--hardware", hardware, "the profile it starts from: name or .toml")->capture_default_str();
+  link_cmd->add_option("--out", link_out, "the .toml to write (its name: the file's stem)")->required();
+  link_cmd->add_option("--data-dir", dir, "folder with models/ and hardware/");
+  link_cmd->add_flag("--json", link_json, "print JSON");
   if (const auto status = parse_cli(app, argc, argv, "calibrate")) return *status;
   if (app.got_subcommand("predict")) return run_predict_list(predict);
+  if (app.got_subcommand("link")) return run_link(link_runs, hardware, link_out, dir, link_json);
   if (app.got_subcommand("measure") && engine != "stepcast") {
     peer.engine = engine;
     peer.list = list;

@@ -458,6 +458,20 @@ t 2 "--engine \"tpu\" is not valid" "$CALIBRATE" predict --list "$SRC/bench/runl
 t 2 "nothing.txt: cannot open" "$CALIBRATE" predict --list "$TMP/nothing.txt"
 t 2 "$TMP" "$CALIBRATE" predict --list "$SRC/bench/runlists/smoke.txt" --out "$TMP"
 
+# --- calibrate link: collectives across nodes, or one clear line and no profile written ---
+printf '{"kind":"micro","bench":"all_reduce","bytes":1048576,"world":2,"seconds":0.001}\n' >"$TMP/link_one_node.jsonl"
+t 2 "no collective micro-benchmark across nodes" "$CALIBRATE" link --runs "$TMP/link_one_node.jsonl" --out "$TMP/link.toml"
+[[ -e "$TMP/link.toml" ]] && { echo "FAIL [calibrate link]: wrote $TMP/link.toml without records across nodes"; fail=$((fail + 1)); }
+printf '{"kind":"micro","bench":"all_gather","bytes":1048576,"world":4,"nodes":3,"seconds":0.001}\n' >"$TMP/link_nodes3.jsonl"
+t 2 'link_nodes3.jsonl:1: key "nodes" is 3' "$CALIBRATE" link --runs "$TMP/link_nodes3.jsonl" --out "$TMP/link.toml"
+printf '{"kind":"micro","bench":"all_reduce","bytes":1048576,"world":2,"nodes":2,"seconds":0.001}\n' >"$TMP/link_ok.jsonl"
+t 2 "--out \"$TMP/out.file\": expected a .toml file" "$CALIBRATE" link --runs "$TMP/link_ok.jsonl" --out "$TMP/out.file"
+t 2 "--out is required" "$CALIBRATE" link --runs "$TMP/link_ok.jsonl"
+mkdir -p "$TMP/dir.toml"
+t 2 "dir.toml" "$CALIBRATE" link --runs "$TMP/link_ok.jsonl" --out "$TMP/dir.toml"
+t 2 "nothing.jsonl" "$CALIBRATE" link --runs "$TMP/nothing.jsonl" --out "$TMP/link.toml"
+t 2 "hardware" "$CALIBRATE" link --runs "$TMP/link_ok.jsonl" --hardware no-such-gpu --out "$TMP/link.toml"
+
 # --- run lists for calibrate measure ---
 while IFS='|' read -r name text regex; do
   [[ -z "$name" ]] && continue

@@ -267,6 +267,20 @@ TEST_CASE("emulated nodes: two nodes of one rank train as one node of two, and t
   const auto rs = calibrate::load_micro({micro});
   REQUIRE_FALSE(rs.empty());
   for (const auto& r : rs) CHECK(r.nodes == 2);
+  // calibrate link reads them into a profile of this link, which the planner reads back.
+  const fs::path bin = fs::path(g_train).parent_path().parent_path();
+  const fs::path linked = tmpdir() / "emulated-link.toml";
+  fs::remove(linked);
+  REQUIRE(std::system(((bin / "calibrate" / "calibrate").string() + " link --runs " + micro.string() +
+                       " --hardware h200-sxm --out " + linked.string() + " > /dev/null")
+                          .c_str()) == 0);
+  const HardwareProfile hw = load_hardware_profile(linked);
+  CHECK(hw.name == "emulated-link");
+  CHECK(hw.links.inter_node_bytes_per_s > 0);
+  CHECK(hw.links.inter_node_bytes_per_s != test::hardware("h200-sxm").links.inter_node_bytes_per_s);
+  CHECK(std::system(((bin / "planner" / "planner").string() + " explain --model test-llama-tiny --gpus 1 --nodes 2 "
+                     "--stage 2 --hardware " + linked.string() + " > /dev/null")
+                        .c_str()) == 0);
   // --emulate-nodes must divide the ranks: one line, exit 2.
   CHECK(WEXITSTATUS(std::system((base + " --emulate-nodes 3 2>/dev/null").c_str())) == 2);
 }
