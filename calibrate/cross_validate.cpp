@@ -1,6 +1,9 @@
 #include "calibrate/cross_validate.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -14,6 +17,39 @@
 namespace stepcast::calibrate {
 
 namespace {
+
+// The refits' progress on stderr. Its first line names the work and its number of refits; on a
+// terminal a second line counts them with an ETA, rewritten in place. A log (docs_figures.sh, the
+// golden outputs' stderr) gets the first line only: the same text on every run.
+class RefitProgress {
+ public:
+  RefitProgress(const std::string& what, size_t total)
+      : what_(what), total_(total), live_(!what.empty() && isatty(fileno(stderr)) != 0) {
+    if (!what_.empty()) std::fprintf(stderr, "calibrate: %s: %zu refit%s\n", what_.c_str(), total_, total_ == 1 ? "" : "s");
+  }
+  ~RefitProgress() {  // the count's line cleared: the named lines stay
+    if (live_ && done_ > 1) std::fprintf(stderr, "\r%40s\r", "");
+  }
+  RefitProgress(const RefitProgress&) = delete;
+  RefitProgress& operator=(const RefitProgress&) = delete;
+  // Called before each refit: shows the ones done so far.
+  void next() {
+    if (!live_) return;
+    if (done_ > 0) {
+      const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      const double eta_s = elapsed_s / static_cast<double>(done_) * static_cast<double>(total_ - done_);
+      std::fprintf(stderr, "\r  %zu/%zu  ETA %.0f s   ", done_, total_, eta_s);
+    }
+    ++done_;
+  }
+
+ private:
+  std::string what_;
+  size_t total_ = 0, done_ = 0;
+  bool live_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
 
 // The profile as `calibrate fit` would write it from `cal` (values, covariance, model error).
 HardwareProfile fold_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
@@ -65,12 +101,15 @@ IntervalModel region_of(const std::vector<RunRecord>& runs) {
 
 std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                          const HardwareProfile& hw,
-                                         const std::function<std::string(const RunRecord&)>& fold_of) {
+                                         const std::function<std::string(const RunRecord&)>& fold_of,
+                                         const std::string& progress) {
   const std::string base_text = read_text_file(hw.path);
   std::map<std::string, std::vector<size_t>> folds;
   for (size_t i = 0; i < runs.size(); ++i) folds[fold_of(runs[i])].push_back(i);
+  RefitProgress shown(progress, folds.size());
   std::vector<CvPrediction> out(runs.size());
   for (const auto& [value, members] : folds) {
+    shown.next();
     std::vector<Observation> obs;
     std::vector<RunRecord> fitted;
     for (size_t i = 0; i < runs.size(); ++i)
@@ -237,9 +276,11 @@ void set_interval_quantiles(const std::vector<CvPrediction>& predictions, Interv
 
 IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                              const HardwareProfile& hw) {
-  std::vector<CvPrediction> preds = cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; });
+  std::vector<CvPrediction> preds = cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; },
+                                                   "the interval: leave one configuration out");
   for (const auto& [name, fold_of] : regime_groupings()) {
-    const std::vector<CvPrediction> group = cross_validate(runs, micro, hw, fold_of);
+    const std::vector<CvPrediction> group =
+        cross_validate(runs, micro, hw, fold_of, "the interval: leave one " + name + " out");
     preds.insert(preds.end(), group.begin(), group.end());
   }
   IntervalModel m = region_of(runs);
@@ -249,9 +290,9 @@ IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vect
 
 nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                        const HardwareProfile& hw) {
-  std::fprintf(stderr, "calibrate: cross-validating (leave one configuration out, then one group) ...\n");
   nlohmann::json cv;
-  const std::vector<CvPrediction> loco = cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; });
+  const std::vector<CvPrediction> loco = cross_validate(runs, micro, hw, [](const RunRecord& r) { return r.key; },
+                                                        "cross-validation: leave one configuration out");
   cv["loco"] = cv_summary(loco, hw.interval);
   cv["loco"]["runs"] = loco_rows(loco);
   cv["interval"] = {{"source", hw.interval.empty() ? "coefficient covariance and model error" : "cross-validated (conformal)"},
@@ -273,7 +314,8 @@ nlohmann::json cross_validation_report(const std::vector<RunRecord>& runs, const
   groupings.emplace_back("file", [](const RunRecord& r) { return r.source; });
   cv["groups"] = nlohmann::json::array();
   for (const auto& [name, fold_of] : groupings) {
-    const std::vector<CvPrediction> preds = cross_validate(runs, micro, hw, fold_of);
+    const std::vector<CvPrediction> preds =
+        cross_validate(runs, micro, hw, fold_of, "cross-validation: leave one " + name + " out");
     std::map<std::string, std::vector<CvPrediction>> by_value;
     for (const CvPrediction& p : preds) by_value[fold_of(*p.run)].push_back(p);
     if (by_value.size() < 2) continue;  // one value only: the group cannot be held out
@@ -295,7 +337,9 @@ std::vector<double> bootstrap_std_errors(const std::vector<RunRecord>& runs, con
   std::vector<std::vector<double>> draws(kNumCoefs);
   std::mt19937_64 gen(20261201);
   std::uniform_int_distribution<size_t> pick(0, runs.size() - 1);
+  RefitProgress shown("the coefficients' standard errors by bootstrap", kBootstrapRefits);
   for (int b = 0; b < kBootstrapRefits; ++b) {
+    shown.next();
     std::vector<Observation> sample;
     for (size_t i = 0; i < runs.size(); ++i) sample.push_back(obs[pick(gen)]);
     const Calibration cal = calibrate_for_engine(sample, micro, hw);

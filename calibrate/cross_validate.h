@@ -54,9 +54,12 @@ IntervalModel interval_model(const std::vector<RunRecord>& runs, const std::vect
 
 // Predicts every run from a fit without the runs that share its `fold_of` value. The micro-
 // benchmarks (the component stage) stay in every fold: they measure kernels, not configurations.
+// With `progress`, stderr names it and its number of refits, and on a terminal counts them with an
+// ETA (a log gets the one line, the same every time).
 std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, const std::vector<MicroRecord>& micro,
                                          const HardwareProfile& hw,
-                                         const std::function<std::string(const RunRecord&)>& fold_of);
+                                         const std::function<std::string(const RunRecord&)>& fold_of,
+                                         const std::string& progress = "");
 
 // Mean, p90 and max absolute percent errors of step time, each phase, peak GPU memory and host
 // memory (over the runs whose records hold their host high-water mark), and

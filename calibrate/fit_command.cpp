@@ -91,9 +91,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     std::vector<RunRecord> fitted_runs;
     for (const auto& r : runs)
       if (!is_holdout(r.key, holdout_frac, seed)) fitted_runs.push_back(r);
-    std::fprintf(stderr, "calibrate: cross-validating the fit for its interval ...\n");
     if (fitted_runs.size() >= 3) cc.interval = interval_model(fitted_runs, micro, hw);
-    std::fprintf(stderr, "calibrate: %d bootstrap refits for the coefficients' standard errors ...\n", kBootstrapRefits);
     cc.std_errors = bootstrap_std_errors(fitted_runs, micro, hw);
   }
   const std::string text = fitted_profile_text(hw, read_text_file(hw.path), cal, cc);
