@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <random>
 
 #include "calibrate/fit.h"
+#include "common/parallel.h"
 #include "common/stats.h"
 #include "common/text_file.h"
 #include "model/prediction.h"
@@ -35,6 +37,7 @@ class RefitProgress {
   // Called before each refit: shows the ones done so far.
   void next() {
     if (!live_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
     if (done_ > 0) {
       const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
       const double eta_s = elapsed_s / static_cast<double>(done_) * static_cast<double>(total_ - done_);
@@ -47,6 +50,7 @@ class RefitProgress {
   std::string what_;
   size_t total_ = 0, done_ = 0;
   bool live_ = false;
+  std::mutex mutex_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -108,7 +112,10 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
   for (size_t i = 0; i < runs.size(); ++i) folds[fold_of(runs[i])].push_back(i);
   RefitProgress shown(progress, folds.size());
   std::vector<CvPrediction> out(runs.size());
-  for (const auto& [value, members] : folds) {
+  // The folds are independent fits: in parallel, each writing only its own members' predictions.
+  const std::vector<std::pair<std::string, std::vector<size_t>>> fold_list(folds.begin(), folds.end());
+  parallel_for(fold_list.size(), [&](size_t f) {
+    const auto& [value, members] = fold_list[f];
     shown.next();
     std::vector<Observation> obs;
     std::vector<RunRecord> fitted;
@@ -117,7 +124,7 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
         obs.push_back(observation_of(runs[i], hw));
         fitted.push_back(runs[i]);
       }
-    if (obs.empty()) continue;  // one fold holds everything: nothing to fit it from
+    if (obs.empty()) return;  // one fold holds everything: nothing to fit it from
     const HardwareProfile fold_hw = fold_profile(hw, base_text, calibrate_for_engine(obs, micro, hw), fitted);
     const IntervalModel region = region_of(fitted);
     for (size_t i : members) {
@@ -127,7 +134,7 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
                 ph.forward_s,   ph.backward_s, ph.optimizer_s,
                 unseen_dimensions(region, runs[i].model.name, runs[i].config), p.time.host_issue_ratio};
     }
-  }
+  });
   out.erase(std::remove_if(out.begin(), out.end(), [](const CvPrediction& p) { return p.run == nullptr; }), out.end());
   return out;
 }
@@ -337,14 +344,19 @@ std::vector<double> bootstrap_std_errors(const std::vector<RunRecord>& runs, con
   std::vector<std::vector<double>> draws(kNumCoefs);
   std::mt19937_64 gen(20261201);
   std::uniform_int_distribution<size_t> pick(0, runs.size() - 1);
-  RefitProgress shown("the coefficients' standard errors by bootstrap", kBootstrapRefits);
-  for (int b = 0; b < kBootstrapRefits; ++b) {
-    shown.next();
-    std::vector<Observation> sample;
+  // The resamples are drawn in order, fitted in parallel, and read back in order: the same
+  // draws and sums as one thread.
+  std::vector<std::vector<Observation>> samples(kBootstrapRefits);
+  for (auto& sample : samples)
     for (size_t i = 0; i < runs.size(); ++i) sample.push_back(obs[pick(gen)]);
-    const Calibration cal = calibrate_for_engine(sample, micro, hw);
+  std::vector<Calibration> fits(kBootstrapRefits);
+  RefitProgress shown("the coefficients' standard errors by bootstrap", kBootstrapRefits);
+  parallel_for(samples.size(), [&](size_t b) {
+    shown.next();
+    fits[b] = calibrate_for_engine(samples[b], micro, hw);
+  });
+  for (const Calibration& cal : fits)
     for (Coef c : cal.options.free) draws[c].push_back(cal.fit.coefs[c]);
-  }
   std::vector<double> out(kNumCoefs, 0.0);
   for (int c = 0; c < kNumCoefs; ++c) {
     const std::vector<double>& v = draws[c];
