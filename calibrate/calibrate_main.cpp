@@ -29,6 +29,7 @@
 #endif
 #include "common/cli.h"
 #include "common/errors.h"
+#include "common/parallel.h"
 #include "common/run_main.h"
 
 namespace stepcast::calibrate {
@@ -58,6 +59,12 @@ int main_impl(int argc, char** argv) {
                     "from its runs only)")
         ->capture_default_str();
   }
+  unsigned threads = 0;
+  for (CLI::App* sub : {app.get_subcommand("fit"), app.get_subcommand("report")})
+    sub->add_option("--threads", threads,
+                    "threads for the cross-validation's and the bootstrap's refits (0: every hardware thread); "
+                    "the results do not depend on it")
+        ->capture_default_str();
   app.get_subcommand("fit")->add_option("--out", out, "calibrated profile to write (default: the profile itself)");
   app.get_subcommand("report")->add_option("--svg", svg, "write a predicted-vs-measured plot");
   bool no_cv = false;
@@ -121,6 +128,8 @@ int main_impl(int argc, char** argv) {
   link_cmd->add_option("--data-dir", dir, "folder with models/ and hardware/");
   link_cmd->add_flag("--json", link_json, "print JSON");
   if (const auto status = parse_cli(app, argc, argv, "calibrate")) return *status;
+  if (threads > 4096) throw InputError("--threads " + std::to_string(threads) + " is out of range [0, 4096]");
+  default_parallel_threads() = threads;
   if (app.got_subcommand("predict")) return run_predict_list(predict);
   if (app.got_subcommand("link")) return run_link(link_runs, hardware, link_out, dir, link_json);
   if (app.got_subcommand("measure") && engine != "stepcast") {

@@ -458,6 +458,11 @@ t 2 "--engine \"tpu\" is not valid" "$CALIBRATE" predict --list "$SRC/bench/runl
 t 2 "nothing.txt: cannot open" "$CALIBRATE" predict --list "$TMP/nothing.txt"
 t 2 "$TMP" "$CALIBRATE" predict --list "$SRC/bench/runlists/smoke.txt" --out "$TMP"
 
+# --- calibrate --threads ---
+for v in abc -1 1.5 5000; do
+  t 2 "--threads" "$CALIBRATE" report --no-cv --threads "$v"
+done
+
 # --- calibrate link: collectives across nodes, or one clear line and no profile written ---
 printf '{"kind":"micro","bench":"all_reduce","bytes":1048576,"world":2,"seconds":0.001}\n' >"$TMP/link_one_node.jsonl"
 t 2 "no collective micro-benchmark across nodes" "$CALIBRATE" link --runs "$TMP/link_one_node.jsonl" --out "$TMP/link.toml"
