@@ -54,7 +54,6 @@ class RefitProgress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-
 // The profile as `calibrate fit` would write it from `cal` (values, covariance, model error).
 HardwareProfile fold_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
                              const std::vector<RunRecord>& fitted_runs) {
