@@ -53,7 +53,7 @@ LinkFit fit_inter_node_link(const std::vector<MicroRecord>& micro, const Hardwar
     if (is_collective(r.bench) && r.nodes > 1) out.records.push_back(r);
   if (out.records.empty())
     throw InputError("--runs: no collective micro-benchmark across nodes (records with \"nodes\" > 1: microbench "
-                     "--suite collectives --emulate-nodes K, or one run across real nodes)");
+                     "--suite collectives --nproc N --emulate-nodes K)");
   // The search space: the rates and latencies the profile loader accepts for these keys
   // (model/hardware.cpp: inter_node_bytes_per_s in [1e8, 1e13] B/s, inter_node_latency_s >= 0);
   // a latency longer than the quickest record cannot fit it.

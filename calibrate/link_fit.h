@@ -1,5 +1,5 @@
 // The inter-node link of a host, measured: from collective micro-benchmarks timed across nodes
-// (microbench --suite collectives --emulate-nodes K on one host, or across real nodes), the rate
+// (microbench --suite collectives --emulate-nodes K on one host: records with "nodes" > 1), the rate
 // and latency that a profile's [links] inter_node_bytes_per_s and inter_node_latency_s must hold
 // for the model's own collective formula (predict_micro, model/step_time.h collective_time_s) to
 // reproduce the records, every coefficient held at the profile's. Two numbers from a direct
