@@ -61,13 +61,11 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
   const double fit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Data hash: every runs file's bytes, in the order given.
-  std::string all;
-  for (const auto& f : files) all += read_text_file(f);
   // The folders' superseded lists decide which records the fit saw: they are data too.
-  for (const fs::path& list : superseded_lists(files)) all += read_text_file(list);
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  std::vector<fs::path> hashed(files.begin(), files.end());
+  for (const fs::path& list : superseded_lists(files)) hashed.push_back(list);
+  const std::string data_hash = fnv1a64_of_files(hashed);
+  const std::string date = utc_date_today();
 
   CalibratedCoefficients cc;
   cc.holdout = HoldoutSplit{holdout_frac, seed};
@@ -83,7 +81,7 @@ int run_fit(const std::vector<std::string>& run_files, const std::string& hw_nam
     cc.runs.push_back(!rel.empty() && *rel.begin() != ".." ? rel.string() : full.string());
   }
   cc.source = "calibrate fit " + std::string(date) + ", git " + STEPCAST_GIT_COMMIT + ", runs fnv1a64:" +
-              fnv1a64_hex(all) + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
+              data_hash + " (" + std::to_string(obs.size()) + " fitted, " + std::to_string(held) +
               " held out, seed " + std::to_string(seed) + "; " + std::to_string(micro.size()) +
               " micro-benchmarks in the component fit); " + fit.summary;
   // The interval the profile will print: conformal quantiles of this fit's own cross-validation.

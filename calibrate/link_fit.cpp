@@ -157,16 +157,11 @@ int run_link(const std::vector<std::string>& run_files, const std::string& hw_na
   const auto files = to_paths(run_files);
   const LinkFit fit = fit_inter_node_link(load_micro(files), hw);
 
-  std::string all;
-  for (const auto& f : files) all += read_text_file(f);
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   char fit_text[200];
   std::snprintf(fit_text, sizeof fit_text, "%zu collectives across %.0f nodes, RMS log error %.3f", fit.records.size(),
                 fit.records.front().nodes, fit.rms_log_error);
-  const std::string source = "calibrate link " + std::string(date) + ", git " + STEPCAST_GIT_COMMIT + ", " + fit_text +
-                             ", micro-benchmarks fnv1a64:" + fnv1a64_hex(all) + " (the link the model's collective " +
+  const std::string source = "calibrate link " + utc_date_today() + ", git " + STEPCAST_GIT_COMMIT + ", " + fit_text +
+                             ", micro-benchmarks fnv1a64:" + fnv1a64_of_files(files) + " (the link the model's collective " +
                              "formula reads, with " + hw.name + "'s coefficients)";
   const std::string name = target.stem().string();
   const std::string text = with_inter_node_link(read_text_file(hw.path), hw.path, name, fit.inter_node_bytes_per_s,

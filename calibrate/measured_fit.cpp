@@ -112,16 +112,11 @@ int run_measured_fit(const std::vector<std::string>& run_files, const std::strin
   // Two component fits of a few hundred records: well under a second, no progress to show.
   MeasuredFit m = measure_components(micro, hw, ref_micro, ref);
 
-  std::string all;
-  for (const auto& f : files) all += read_text_file(f);
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   char fit_text[160];
   std::snprintf(fit_text, sizeof fit_text, "component fit RMS %.1f %% here, %.1f %% on %zu of %s's", 100 * m.here.model_error_frac,
                 100 * m.reference.model_error_frac, ref_micro.size(), ref.name.c_str());
-  m.measured.source = "calibrate fit " + std::string(date) + ", git " + STEPCAST_GIT_COMMIT + ", " +
-                      std::to_string(micro.size()) + " micro-benchmarks fnv1a64:" + fnv1a64_hex(all) + "; " + fit_text;
+  m.measured.source = "calibrate fit " + utc_date_today() + ", git " + STEPCAST_GIT_COMMIT + ", " +
+                      std::to_string(micro.size()) + " micro-benchmarks fnv1a64:" + fnv1a64_of_files(files) + "; " + fit_text;
   for (const auto& f : files) m.measured.runs.push_back(as_named(f, data_dir));
   const std::string target = out_path.empty() ? hw.path : out_path;
   const std::string text = with_measured_components(read_text_file(hw.path), m.measured);

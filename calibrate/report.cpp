@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -10,7 +11,9 @@
 
 #include "common/atomic_file.h"
 #include "common/errors.h"
+#include "common/hash.h"
 #include "common/stats.h"
+#include "common/text_file.h"
 #include "common/units.h"
 #include "model/prediction.h"
 
@@ -167,6 +170,19 @@ std::vector<fs::path> to_paths(const std::vector<std::string>& v) {
   std::vector<fs::path> out(v.begin(), v.end());
   if (out.empty()) throw InputError("--runs names no file");
   return out;
+}
+
+std::string utc_date_today() {
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  return date;
+}
+
+std::string fnv1a64_of_files(const std::vector<fs::path>& files) {
+  std::string all;
+  for (const auto& f : files) all += read_text_file(f);
+  return fnv1a64_hex(all);
 }
 
 std::vector<fs::path> profile_run_paths(const std::vector<std::string>& named, const fs::path& data_dir) {

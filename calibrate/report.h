@@ -45,6 +45,11 @@ nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
 // --runs as paths; InputError when it names none.
 std::vector<std::filesystem::path> to_paths(const std::vector<std::string>& v);
 
+// A written profile's provenance: today's date (UTC, YYYY-MM-DD), and the fnv1a64 of the
+// files' bytes, concatenated in the order given.
+std::string utc_date_today();
+std::string fnv1a64_of_files(const std::vector<std::filesystem::path>& files);
+
 // Run files as a profile names them (its [coefficients] runs and component_runs): absolute, or
 // relative to the data folder.
 std::vector<std::filesystem::path> profile_run_paths(const std::vector<std::string>& named,
