@@ -89,6 +89,94 @@ def host_op_us():
     return sorted(rounds)[len(rounds) // 2]
 
 
+def short_path(filename):
+    """A frame's file without the machine's prefix: from site-packages/, .peers/ or bench/ on."""
+    for mark in ("site-packages/", "dist-packages/", ".peers/", "bench/"):
+        i = filename.rfind(mark)
+        if i >= 0:
+            return filename[i + len(mark):]
+    return filename
+
+
+def frame_keys(frames):
+    """Two names for an allocation's Python stack (innermost frame first): the innermost frame
+    (the operation that allocated) and the innermost frame in the model or engine code
+    (transformers, deepspeed, torch.distributed.fsdp, this harness), which says what it is for."""
+    if not frames:
+        return "(no Python frame)", "(no Python frame)"
+    fr = [f"{short_path(f.get('filename', '?'))}:{f.get('line', 0)} {f.get('name', '?')}" for f in frames]
+    owner = next((n for n in fr if n.startswith(("transformers/", "deepspeed", "torch/distributed/fsdp", "peers/"))), fr[0])
+    return fr[0], owner
+
+
+def peak_report(trace, base_allocated, base_reserved):
+    """What was live at the step's largest allocated and largest reserved bytes, replayed from the
+    caching allocator's event trace (torch.cuda.memory._snapshot()["device_traces"]): allocations
+    ("alloc" adds, "free_completed" removes) and segments ("segment_alloc" / "segment_free").
+    Bytes allocated before the trace began are "before the step" (parameters, gradients, states
+    that live across steps), less whatever of them the step freed."""
+    def replay(stop):
+        live, segs = {}, {}
+        alloc, reserved = base_allocated, base_reserved
+        for i, e in enumerate(trace):
+            if i == stop:
+                break
+            a, addr, size = e["action"], e["addr"], e["size"]
+            if a == "alloc":
+                live[addr] = (size, e.get("frames", []))
+                alloc += size
+            elif a == "free_completed":
+                live.pop(addr, None)
+                alloc -= size
+            elif a == "segment_alloc":
+                segs[addr] = size
+                reserved += size
+            elif a == "segment_free":
+                segs.pop(addr, None)
+                reserved -= size
+        return live, segs, alloc, reserved
+
+    # One pass for where the peaks are, one replay up to each.
+    alloc, reserved = base_allocated, base_reserved
+    peak_a = (alloc, 0)
+    peak_r = (reserved, 0, alloc)
+    for i, e in enumerate(trace):
+        a, size = e["action"], e["size"]
+        alloc += size if a == "alloc" else -size if a == "free_completed" else 0
+        reserved += size if a == "segment_alloc" else -size if a == "segment_free" else 0
+        if alloc > peak_a[0]:
+            peak_a = (alloc, i + 1)
+        # The reserved peak's moment: the most bytes allocated while the most were reserved (a
+        # segment is created just before the allocation that needed it).
+        if reserved > peak_r[0] or (reserved == peak_r[0] and alloc > peak_r[2]):
+            peak_r = (reserved, i + 1, alloc)
+
+    def describe(stop):
+        live, segs, alloc, reserved = replay(stop)
+        by_site, by_owner = {}, {}
+        traced = 0
+        for size, frames in live.values():
+            site, owner = frame_keys(frames)
+            by_site[site] = by_site.get(site, 0) + size
+            by_owner[owner] = by_owner.get(owner, 0) + size
+            traced += size
+        # Free bytes inside the segments the step created: the cache above what is live there.
+        seg_free = []
+        for saddr, ssize in segs.items():
+            used = sum(sz for addr, (sz, _) in live.items() if saddr <= addr < saddr + ssize)
+            seg_free.append((ssize, ssize - used))
+        top = lambda d: [{"where": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:30]]
+        return {"event": stop, "allocated_bytes": alloc, "reserved_bytes": reserved,
+                "allocated_before_step_bytes": alloc - traced, "allocated_in_step_bytes": traced,
+                "live_in_step_blocks": len(live), "by_operation": top(by_site), "by_owner": top(by_owner),
+                "segments_new": len(segs), "segments_new_bytes": sum(segs.values()),
+                "segments_new_free_bytes": sum(f for _, f in seg_free),
+                "largest_new_segments": [{"bytes": s, "free_bytes": f} for s, f in sorted(seg_free, reverse=True)[:20]]}
+
+    return {"base_allocated_bytes": base_allocated, "base_reserved_bytes": base_reserved, "events": len(trace),
+            "at_peak_allocated": describe(peak_a[1]), "at_peak_reserved": describe(peak_r[1])}
+
+
 def read_card(path):
     import tomllib
     with open(path, "rb") as f:
@@ -404,6 +492,10 @@ def main():
     p.add_argument("--json-out", required=True)
     p.add_argument("--git-commit", default="unknown")
     p.add_argument("--hardware", default="")
+    p.add_argument("--memory-trace", default="",
+                   help="diagnostic run: record the caching allocator's events over every step and write what was "
+                        "live at the largest allocated and reserved bytes to this JSON file (rank 0's GPU); "
+                        "no step records are written, the recording slows the steps")
     a = p.parse_args()
     if a.steps <= a.warmup:
         fail(f"--steps {a.steps} must exceed --warmup {a.warmup}")
@@ -449,6 +541,10 @@ def main():
     except ImportError:
         pass
     gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    trace_max_entries = 8_000_000
+    if a.memory_trace:
+        base_allocated, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        torch.cuda.memory._record_memory_history(max_entries=trace_max_entries, stacks="python")
     for step in range(a.steps):
         fwd = bwd = opt_s = gas_s = 0.0
         torch.cuda.synchronize()
@@ -493,12 +589,33 @@ def main():
             rec["host_cpu"] = host_cpu
         if a.hardware:
             rec["hardware"] = a.hardware
+        if a.memory_trace:
+            if rank == 0:
+                print(f"peer {a.engine} step {step + 1} (memory trace, not recorded): {step_s:.3f} s, "
+                      f"peak reserved {reserved / 2**30:.1f} GiB", flush=True)
+            continue
         if rank == 0:
             print(f"peer {a.engine} step {step + 1}{' (warm-up)' if step < a.warmup else ''}: {step_s:.3f} s "
                   f"(gas {gas_s:.3f}, opt {step_s - gas_s:.3f}, optimizer {opt_s:.3f}), {tps:.0f} tokens/s, "
                   f"loss {loss:.3f}, peak reserved {reserved / 2**30:.1f} GiB", flush=True)
             with open(a.json_out, "a") as f:
                 f.write(json.dumps(rec) + "\n")
+    if a.memory_trace:
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        trace = snap["device_traces"][torch.cuda.current_device()]
+        if rank == 0:
+            rep = peak_report(trace, base_allocated, base_reserved)
+            rep.update({"config": c, "model": a.model_name or card["name"], "steps": a.steps,
+                        "trace_truncated": len(trace) >= trace_max_entries,
+                        "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
+                        "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(), "env": env})
+            tmp = a.memory_trace + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(rep, f, indent=1)
+            os.replace(tmp, a.memory_trace)
+            print(f"peer: memory trace of {len(trace)} events -> {a.memory_trace}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
