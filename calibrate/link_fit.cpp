@@ -16,6 +16,7 @@
 #include "common/hash.h"
 #include "common/text_file.h"
 #include "model/model_spec.h"
+#include "model/toml_edit.h"
 #include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
 
 namespace stepcast::calibrate {
@@ -108,40 +109,17 @@ LinkFit fit_inter_node_link(const std::vector<MicroRecord>& micro, const Hardwar
 
 std::string with_inter_node_link(const std::string& profile_text, const std::string& origin, const std::string& name,
                                  double bytes_per_s, double latency_s, const std::string& source) {
-  std::istringstream in(profile_text);
-  std::ostringstream out;
-  out.precision(9);
-  std::string line, table;
-  bool named = false, rate = false, latency = false;
-  const auto starts = [&](const std::string& key) {
-    const size_t k = line.find_first_not_of(" \t");
-    return k != std::string::npos && line.compare(k, key.size(), key) == 0 &&
-           line.find_first_not_of(" \t", k + key.size()) != std::string::npos &&
-           line[line.find_first_not_of(" \t", k + key.size())] == '=';
+  const auto value = [&](double v) {
+    std::ostringstream o;
+    o.precision(9);
+    o << "{ value = " << v << ", source = \"" << source << "\" }";
+    return o.str();
   };
-  while (std::getline(in, line)) {
-    // A table header: "[name]" or "[[name]]" (not an array's continuation row, "[1.0, ...").
-    const size_t k = line.find_first_not_of(" \t");
-    const size_t letter = line.find_first_not_of("[", k == std::string::npos ? line.size() : k);
-    if (k != std::string::npos && line[k] == '[' && letter != std::string::npos && std::isalpha(static_cast<unsigned char>(line[letter])))
-      table = line.substr(k, line.find(']', k) - k + 1);
-    if (table.empty() && starts("name")) {
-      out << "name = \"" << name << "\"\n";
-      named = true;
-    } else if (table == "[links]" && starts("inter_node_bytes_per_s")) {
-      out << "inter_node_bytes_per_s = { value = " << bytes_per_s << ", source = \"" << source << "\" }\n";
-      rate = true;
-    } else if (table == "[links]" && starts("inter_node_latency_s")) {
-      out << "inter_node_latency_s = { value = " << latency_s << ", source = \"" << source << "\" }\n";
-      latency = true;
-    } else {
-      out << line << "\n";
-    }
-  }
-  if (!named) throw InputError(origin + ": key 'name' is missing");
-  if (!rate) throw InputError(origin + ": key 'links.inter_node_bytes_per_s' is missing");
-  if (!latency) throw InputError(origin + ": key 'links.inter_node_latency_s' is missing");
-  return out.str();
+  std::string text = profile_text;
+  set_toml_key(text, "", "name", "\"" + name + "\"", origin);
+  set_toml_key(text, "links", "inter_node_bytes_per_s", value(bytes_per_s), origin);
+  set_toml_key(text, "links", "inter_node_latency_s", value(latency_s), origin);
+  return text;
 }
 
 int run_link(const std::vector<std::string>& run_files, const std::string& hw_name, const std::string& out_path,

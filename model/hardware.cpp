@@ -11,6 +11,7 @@
 #include "common/join.h"
 #include "common/text_file.h"
 #include "common/units.h"
+#include "model/toml_edit.h"
 #include "model/toml_reader.h"
 
 namespace stepcast {
@@ -437,29 +438,6 @@ HardwareProfile for_engine(const HardwareProfile& hw, const std::string& engine)
   out.interval = sec.interval;
   return out;
 }
-
-
-namespace {
-
-// Removes the table [NAME] and the subtables [NAME.…] that follow it, from its header to the next
-// header of another table; a profile writer then puts the new table in its place. Returns whether
-// the text held the table.
-bool erase_toml_table(std::string& text, const std::string& name) {
-  const std::string header = "[" + name + "]", sub = "[" + name + ".";
-  size_t start = 0;
-  if (text.compare(0, header.size(), header) != 0) {
-    const size_t at = text.find("\n" + header);
-    if (at == std::string::npos) return false;
-    start = at + 1;
-  }
-  size_t end = text.find("\n[", start + header.size());
-  while (end != std::string::npos && text.compare(end + 1, sub.size(), sub) == 0) end = text.find("\n[", end + 1);
-  end = end == std::string::npos ? text.size() : end + 1;
-  text.erase(start, end - start);
-  return true;
-}
-
-}  // namespace
 
 std::string with_engine_section(const std::string& profile_text, const std::string& engine,
                                 const CalibratedCoefficients& c) {

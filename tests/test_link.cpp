@@ -11,6 +11,7 @@
 #include "calibrate/micro_record.h"
 #include "common/errors.h"
 #include "common/text_file.h"
+#include "model/toml_edit.h"
 #include "test_util.h"
 
 using namespace stepcast;
@@ -107,4 +108,40 @@ TEST_CASE("the profile with the measured link: name and the two [links] keys rep
                                                               no_latency.find("inter_node_latency_s") + 1);
   CHECK_THROWS_WITH_AS(with_inter_node_link(no_latency, "p.toml", "x", 1e9, 0, "s"),
                        doctest::Contains("p.toml: key 'links.inter_node_latency_s' is missing"), InputError);
+}
+
+TEST_CASE("set_toml_key replaces one key of one table and nothing else; erase_toml_table takes a table and its subtables") {
+  // Hand-written text: a top-level key, two tables holding a key of the same name, an array whose
+  // continuation row starts with '[' (not a header), and a comment that mentions the key.
+  std::string text =
+      "name = \"a\"\n"
+      "[gpu]\n"
+      "rate = 1\n"
+      "# rate = 99 in a comment is not the key\n"
+      "sizes = [\n"
+      "[1, 2]]\n"
+      "[links]\n"
+      "  rate   = 2\n"
+      "rate_x = 3\n";
+  set_toml_key(text, "links", "rate", "{ value = 7, source = \"s\" }", "t.toml");
+  set_toml_key(text, "", "name", "\"b\"", "t.toml");
+  CHECK(text ==
+        "name = \"b\"\n"
+        "[gpu]\n"
+        "rate = 1\n"
+        "# rate = 99 in a comment is not the key\n"
+        "sizes = [\n"
+        "[1, 2]]\n"
+        "[links]\n"
+        "rate = { value = 7, source = \"s\" }\n"
+        "rate_x = 3\n");
+  CHECK_THROWS_WITH_AS(set_toml_key(text, "links", "latency", "1", "t.toml"),
+                       doctest::Contains("t.toml: key 'links.latency' is missing"), InputError);
+  CHECK_THROWS_WITH_AS(set_toml_key(text, "", "rate", "1", "t.toml"), doctest::Contains("t.toml: key 'rate' is missing"),
+                       InputError);
+
+  std::string sections = "a = 1\n[engines.x]\nk = 1\n[engines.x.interval]\nq = 2\n[engines.y]\nk = 3\n";
+  CHECK(erase_toml_table(sections, "engines.x"));
+  CHECK(sections == "a = 1\n[engines.y]\nk = 3\n");
+  CHECK_FALSE(erase_toml_table(sections, "engines.z"));
 }
