@@ -1,17 +1,15 @@
 #include "calibrate/cross_validate.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <mutex>
+#include <optional>
 #include <random>
 
 #include "calibrate/fit.h"
 #include "common/parallel.h"
+#include "common/progress.h"
 #include "common/stats.h"
 #include "common/text_file.h"
 #include "model/prediction.h"
@@ -19,40 +17,6 @@
 namespace stepcast::calibrate {
 
 namespace {
-
-// The refits' progress on stderr. Its first line names the work and its number of refits; on a
-// terminal a second line counts them with an ETA, rewritten in place. A log (docs_figures.sh, the
-// golden outputs' stderr) gets the first line only: the same text on every run.
-class RefitProgress {
- public:
-  RefitProgress(const std::string& what, size_t total)
-      : what_(what), total_(total), live_(!what.empty() && isatty(fileno(stderr)) != 0) {
-    if (!what_.empty()) std::fprintf(stderr, "calibrate: %s: %zu refit%s\n", what_.c_str(), total_, total_ == 1 ? "" : "s");
-  }
-  ~RefitProgress() {  // the count's line cleared: the named lines stay
-    if (live_ && done_ > 1) std::fprintf(stderr, "\r%40s\r", "");
-  }
-  RefitProgress(const RefitProgress&) = delete;
-  RefitProgress& operator=(const RefitProgress&) = delete;
-  // Called before each refit: shows the ones done so far.
-  void next() {
-    if (!live_) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (done_ > 0) {
-      const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      const double eta_s = elapsed_s / static_cast<double>(done_) * static_cast<double>(total_ - done_);
-      std::fprintf(stderr, "\r  %zu/%zu  ETA %.0f s   ", done_, total_, eta_s);
-    }
-    ++done_;
-  }
-
- private:
-  std::string what_;
-  size_t total_ = 0, done_ = 0;
-  bool live_ = false;
-  std::mutex mutex_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
 
 // The profile as `calibrate fit` would write it from `cal` (values, covariance, model error).
 HardwareProfile fold_profile(const HardwareProfile& hw, const std::string& base_text, const Calibration& cal,
@@ -109,13 +73,15 @@ std::vector<CvPrediction> cross_validate(const std::vector<RunRecord>& runs, con
   const std::string base_text = read_text_file(hw.path);
   std::map<std::string, std::vector<size_t>> folds;
   for (size_t i = 0; i < runs.size(); ++i) folds[fold_of(runs[i])].push_back(i);
-  RefitProgress shown(progress, folds.size());
+  // Named work shows its progress (common/progress.h); unnamed work (a fold inside a fold) is silent.
+  std::optional<Progress> shown;
+  if (!progress.empty()) shown.emplace("calibrate", progress, folds.size(), "refit", false);
   std::vector<CvPrediction> out(runs.size());
   // The folds are independent fits: in parallel, each writing only its own members' predictions.
   const std::vector<std::pair<std::string, std::vector<size_t>>> fold_list(folds.begin(), folds.end());
   parallel_for(fold_list.size(), [&](size_t f) {
     const auto& [value, members] = fold_list[f];
-    shown.next();
+    if (shown) shown->next();
     std::vector<Observation> obs;
     std::vector<RunRecord> fitted;
     for (size_t i = 0; i < runs.size(); ++i)
@@ -349,7 +315,7 @@ std::vector<double> bootstrap_std_errors(const std::vector<RunRecord>& runs, con
   for (auto& sample : samples)
     for (size_t i = 0; i < runs.size(); ++i) sample.push_back(obs[pick(gen)]);
   std::vector<Calibration> fits(kBootstrapRefits);
-  RefitProgress shown("the coefficients' standard errors by bootstrap", kBootstrapRefits);
+  Progress shown("calibrate", "the coefficients' standard errors by bootstrap", kBootstrapRefits, "refit", false);
   parallel_for(samples.size(), [&](size_t b) {
     shown.next();
     fits[b] = calibrate_for_engine(samples[b], micro, hw);

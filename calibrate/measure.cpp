@@ -14,6 +14,7 @@
 #include "calibrate/run_record.h"
 #include "common/atomic_file.h"
 #include "common/errors.h"
+#include "common/progress.h"
 #include "common/text_file.h"
 #include "common/units.h"
 #include "model/train_config_json.h"
@@ -219,20 +220,20 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
       }
     }
   }
+  Progress shown("calibrate", "", items.size(), "configuration", true);
   for (size_t i = 0; i < items.size(); ++i) {
     const RunListEntry& it = items[i];
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (budget_min > 0 && elapsed > 60.0 * budget_min) {
-      std::fprintf(stderr, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)\n", budget_min,
-                   items.size() - i);
+      char text[160];
+      std::snprintf(text, sizeof text, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)",
+                    budget_min, items.size() - i);
+      shown.line(text);
       break;
     }
     std::string marker = it.model + " " + std::to_string(it.nproc);
     for (const std::string& w : it.flags) marker += " " + w;
-    const double eta = done > 0 ? elapsed / done * static_cast<double>(items.size() - i) : 0.0;
-    const int width = 30, filled = static_cast<int>(width * static_cast<double>(i) / items.size());
-    std::fprintf(stderr, "\r[%s%s] %zu/%zu  %s  ETA %.0f s          ", std::string(filled, '#').c_str(),
-                 std::string(width - filled, '.').c_str(), i, items.size(), marker.substr(0, 50).c_str(), eta);
+    shown.next(marker);
     const fs::path mine = fs::path(out_dir) / ".current.jsonl";
     fs::remove(mine);
     TrainLaunch launch;
@@ -261,14 +262,16 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
     stop_if_interrupted(i);
     if (rc != 0) {
       ++failed;
-      std::fprintf(stderr, "\ncalibrate: %s failed (exit %d; %s)\n", key.c_str(), rc, log.c_str());
+      shown.line("calibrate: " + key + " failed (exit " + std::to_string(rc) + "; " + log + ")");
     }
     if (!collect_records(mine, runs, rc == 0, resolve_data_dir(dir), have, key) && rc == 0) ++failed;
     ++done;
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "\rcalibrate: %d run, %d skipped (already measured), %d failed, %.0f s; steps in %s\n", done,
-               skipped, failed, total, runs.string().c_str());
+  char summary[160];
+  std::snprintf(summary, sizeof summary, "calibrate: %d run, %d skipped (already measured), %d failed, %.0f s; steps in ",
+                done, skipped, failed, total);
+  shown.line(summary + runs.string());
   return failed ? 1 : 0;
 }
 
@@ -360,19 +363,20 @@ int run_peer_measure(const PeerMeasure& m) {
     std::error_code ec;
     for (const fs::path& p : {mine, plan, ds, err}) fs::remove(p, ec);
   };
+  Progress shown("calibrate " + m.engine, "", items.size(), "configuration", true);
   for (size_t i = 0; i < items.size(); ++i) {
     const RunListEntry& it = items[i];
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (m.budget_min > 0 && elapsed > 60.0 * m.budget_min) {
-      std::fprintf(stderr, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)\n",
-                   m.budget_min, items.size() - i);
+      char text[160];
+      std::snprintf(text, sizeof text, "calibrate: budget of %.1f min spent; %zu configurations left (rerun to resume)",
+                    m.budget_min, items.size() - i);
+      shown.line(text);
       break;
     }
     std::string marker = it.model + " " + std::to_string(it.nproc);
     for (const std::string& w : it.flags) marker += " " + w;
-    const double eta = done > 0 ? elapsed / done * static_cast<double>(items.size() - i) : 0.0;
-    std::fprintf(stderr, "calibrate %s: %zu/%zu  %s  ETA %.0f s\n", m.engine.c_str(), i + 1, items.size(),
-                 marker.c_str(), eta);
+    shown.next(marker);
     cleanup();
     std::string key, model_name;
     try {
@@ -416,15 +420,17 @@ int run_peer_measure(const PeerMeasure& m) {
     }
     if (rc != 0) {
       ++failed;
-      std::fprintf(stderr, "calibrate %s: %s failed (exit %d; %s)\n", m.engine.c_str(), key.c_str(), rc, log.c_str());
+      shown.line("calibrate " + m.engine + ": " + key + " failed (exit " + std::to_string(rc) + "; " + log + ")");
     }
     if (!collect_records(mine, runs, rc == 0, data, have, key) && rc == 0) ++failed;
     ++done;
   }
   cleanup();
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "calibrate %s: %d run, %d skipped (already measured), %d failed, %.0f s; steps in %s\n",
-               m.engine.c_str(), done, skipped, failed, total, runs.string().c_str());
+  char summary[200];
+  std::snprintf(summary, sizeof summary, "calibrate %s: %d run, %d skipped (already measured), %d failed, %.0f s; steps in ",
+                m.engine.c_str(), done, skipped, failed, total);
+  shown.line(summary + runs.string());
   return failed ? 1 : 0;
 }
 
