@@ -233,7 +233,6 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
     }
     std::string marker = it.model + " " + std::to_string(it.nproc);
     for (const std::string& w : it.flags) marker += " " + w;
-    shown.next(marker);
     const fs::path mine = fs::path(out_dir) / ".current.jsonl";
     fs::remove(mine);
     TrainLaunch launch;
@@ -254,6 +253,7 @@ int run_measure(const std::string& list, const std::string& out_dir, const std::
       throw;
     }
     stop_if_interrupted(i);
+    shown.next(marker);  // once the line is known good: bad input stays one line
     if (have.count(key) && have[key] >= steps - 1) {
       ++skipped;
       continue;
@@ -376,7 +376,6 @@ int run_peer_measure(const PeerMeasure& m) {
     }
     std::string marker = it.model + " " + std::to_string(it.nproc);
     for (const std::string& w : it.flags) marker += " " + w;
-    shown.next(marker);
     cleanup();
     std::string key, model_name;
     try {
@@ -388,6 +387,7 @@ int run_peer_measure(const PeerMeasure& m) {
       cleanup();
       throw;
     }
+    shown.next(marker);  // once the line is known good: bad input stays one line
     if (have.count(key) && have[key] >= m.steps - 1) {
       ++skipped;
       continue;

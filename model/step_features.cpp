@@ -749,6 +749,24 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     else
       mem.act_bytes += fp32_scores * L;
   }
+  // The eager attention's backward, one layer at a time, holds more per score than the layer
+  // saved: the probabilities' gradient (wb B, from the product with V), its cast to fp32 (4 B;
+  // none in fp32), softmax's input gradient (4 B) and that gradient scaled by 1/sqrt(d) (wb B;
+  // 4 B with GPT-J's fp32 query and key) while the saved fp32 softmax output is still live and
+  // the saved 16-bit probabilities (wb B) are already freed: 16-bit, wb + 8 B per score above
+  // what the layer saved (12 with GPT-J's fp32 query and key); fp32, 12 B. Measured with the caching allocator's events
+  // (bench/peer_memory_trace.sh, data/memory_traces/h100-sxm/2026-12-06_deepspeed_s1_offload_
+  // mb8_gas5_ckpt_math.json: pythia-2.8b, 8 x 2048, 2^30 scores a layer): at the step's peak, in a
+  // recomputed layer's attention backward, 4.0 GiB of softmax output and 12.2 GiB the backward
+  // allocated beside the model's 5.2 GiB of gradients, 16 B a score against the 6 B it saves.
+  // It takes the place of the loss's buffers (which the backward has freed by then) in the live
+  // bytes, checkpointed or not.
+  if (peer_eager_attention) {
+    const bool half = wb < 4.0;
+    const double scaled_grad = transformers_impl(spec).fp32_query_key ? 4.0 : wb;
+    const double per_score = wb + (half ? 4.0 : 0.0) + 4.0 + scaled_grad - (half ? wb : 0.0);
+    mem.recompute_layer_bytes += tokens * static_cast<double>(spec.num_heads) * s * per_score;
+  }
   mem.logits_elems = tokens * static_cast<double>(spec.vocab_size);
   mem.logit_bytes = wb;
   // The loss runs in fp32 (our backend: logits.to(kFloat) before cross_entropy; transformers'

@@ -117,11 +117,26 @@ TEST_CASE("activations: a peer's eager attention keeps the fp32 softmax beside t
   const double tokens = 2.0 * 2048.0;
   CHECK(make_features(m, hw, c).memory.act_bytes - ours ==
         doctest::Approx(tokens * 4.0 * 16.0 * 2048.0 * 28.0));  // 15.0 GB
-  // With checkpointing one recomputed layer holds them: 1/28 of it.
+  // Its backward, one layer at a time, holds more per score (step_features.cpp, by hand): the
+  // probabilities' gradient 2 B, its fp32 cast 4 B, softmax's input gradient 4 B, and GPT-J's
+  // scaled gradient in fp32 4 B, less the 2 B probabilities already freed: 12 B a score, in the
+  // place of the loss's buffers (recompute_layer_bytes), checkpointed or not.
+  const double scores = tokens * 16.0 * 2048.0;
+  CHECK(make_features(m, hw, c).memory.recompute_layer_bytes == doctest::Approx(12.0 * scores));
+  // With checkpointing one recomputed layer holds the fp32 softmax too: 1/28 of it.
   c.activation_checkpointing = true;
   const double ckpt = make_features(m, hw, c).memory.recompute_layer_bytes;
   c.engine = Engine::kStepcast;
-  CHECK(ckpt - make_features(m, hw, c).memory.recompute_layer_bytes == doctest::Approx(tokens * 4.0 * 16.0 * 2048.0));
+  CHECK(ckpt - make_features(m, hw, c).memory.recompute_layer_bytes == doctest::Approx(4.0 * scores + 12.0 * scores));
+  // pythia-2.8b (32 heads) casts nothing to fp32 before softmax: 2 + 4 + 4 + 2 - 2 = 10 B a score.
+  {
+    const ModelSpec p = model("pythia-2.8b");
+    TrainConfig d = config(0, 1);
+    d.micro_batch = 2;
+    d.attention = AttentionKind::kMath;
+    d.engine = Engine::kDeepSpeed;
+    CHECK(make_features(p, hw, d).memory.recompute_layer_bytes == doctest::Approx(10.0 * tokens * 32.0 * 2048.0));
+  }
   // fp32 training has one fp32 copy already: nothing more.
   c.precision = Precision::kFp32;
   c.activation_checkpointing = false;
