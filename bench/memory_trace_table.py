@@ -75,8 +75,9 @@ def main():
                     for row in p["by_operation"][:top]:
                         print(f"      {row['bytes'] / GIB:7.3f} GiB  {row['where']}")
                 else:
-                    segs = ", ".join(f"{s['bytes'] / GIB:.2f}/{s['free_bytes'] / GIB:.2f}" for s in p["largest_new_segments"][:10])
-                    print(f"     largest new segments (GiB size/free): {segs}")
+                    print("     largest new segments (GiB size / free, created by):")
+                    for seg in p["largest_new_segments"][:top]:
+                        print(f"      {seg['bytes'] / GIB:7.2f} / {seg['free_bytes'] / GIB:6.2f}  {seg.get('created_by', '(not recorded)')}")
             print()
 
 

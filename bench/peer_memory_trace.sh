@@ -8,7 +8,8 @@
 # record is written (the recording slows the steps).
 #   bash bench/peer_memory_trace.sh ENGINE LIST OUT_DIR [STEPS=2]
 # On the GPU host, after scripts/gpu_peers.sh's dependencies (carry ".deps" and ".peers"); it
-# builds the planner as gpu_peers.sh does. OUT_DIR/NN_<model>.json per line, OUT_DIR/trace.log.
+# builds the planner as gpu_peers.sh does. OUT_DIR/NN_<model>.json per line, OUT_DIR/trace.log, and
+# all of them in OUT_DIR.tgz (a device call brings back a few files only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ENGINE="$1"; LIST="$2"; OUT_DIR="$3"; STEPS="${4:-2}"
@@ -46,5 +47,6 @@ while read -r model nproc flags; do
     --git-commit "${STEPCAST_GIT_COMMIT:-unknown}" --hardware h200-sxm --memory-trace "$OUT_DIR/$name.json" \
     "${peer_ds[@]}" >> "$LOG" 2>&1 || { echo "peer_memory_trace: $name failed (see $LOG)" >&2; failed=$((failed + 1)); }
 done < "$LIST"
-echo "peer_memory_trace: $n configurations, $failed failed; reports in $OUT_DIR" >&2
+tar czf "$OUT_DIR.tgz" -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
+echo "peer_memory_trace: $n configurations, $failed failed; reports in $OUT_DIR and $OUT_DIR.tgz" >&2
 [[ $failed -eq 0 ]]

@@ -115,6 +115,8 @@ def peak_report(trace, base_allocated, base_reserved):
     ("alloc" adds, "free_completed" removes) and segments ("segment_alloc" / "segment_free").
     Bytes allocated before the trace began are "before the step" (parameters, gradients, states
     that live across steps), less whatever of them the step freed."""
+    creators = {}  # segment address -> the owner line of the allocation that made the allocator create it
+
     def replay(stop):
         live, segs = {}, {}
         alloc, reserved = base_allocated, base_reserved
@@ -130,6 +132,7 @@ def peak_report(trace, base_allocated, base_reserved):
                 alloc -= size
             elif a == "segment_alloc":
                 segs[addr] = size
+                creators[addr] = frame_keys(e.get("frames", []))[1]
                 reserved += size
             elif a == "segment_free":
                 segs.pop(addr, None)
@@ -164,14 +167,15 @@ def peak_report(trace, base_allocated, base_reserved):
         seg_free = []
         for saddr, ssize in segs.items():
             used = sum(sz for addr, (sz, _) in live.items() if saddr <= addr < saddr + ssize)
-            seg_free.append((ssize, ssize - used))
+            seg_free.append((ssize, ssize - used, creators.get(saddr, "?")))
         top = lambda d: [{"where": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:30]]
         return {"event": stop, "allocated_bytes": alloc, "reserved_bytes": reserved,
                 "allocated_before_step_bytes": alloc - traced, "allocated_in_step_bytes": traced,
                 "live_in_step_blocks": len(live), "by_operation": top(by_site), "by_owner": top(by_owner),
                 "segments_new": len(segs), "segments_new_bytes": sum(segs.values()),
-                "segments_new_free_bytes": sum(f for _, f in seg_free),
-                "largest_new_segments": [{"bytes": s, "free_bytes": f} for s, f in sorted(seg_free, reverse=True)[:20]]}
+                "segments_new_free_bytes": sum(f for _, f, _ in seg_free),
+                "largest_new_segments": [{"bytes": s, "free_bytes": f, "created_by": c}
+                                         for s, f, c in sorted(seg_free, reverse=True)[:20]]}
 
     return {"base_allocated_bytes": base_allocated, "base_reserved_bytes": base_reserved, "events": len(trace),
             "at_peak_allocated": describe(peak_a[1]), "at_peak_reserved": describe(peak_r[1])}
