@@ -714,9 +714,12 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // With CPU offload at stages 1-2 its caching allocator keeps about 4 B per parameter of the
   // rank's partition above the peak allocated, in bf16 and fp32 alike: pythia-2.8b reserved
   // 12.6-14.4 GiB above its peak allocated on one H200 and 8.2 GiB on two, at micro-batches 2-8
-  // (data/runs/h200-sxm/2026-12-0*_peers_deepspeed*.jsonl). What leaves it is not identified; the
-  // gradients go to the host one parameter at a time (stage_1_and_2.py,
-  // async_inplace_copy_grad_to_fp32_buffer_from_gpu). It is cache a smaller card does without:
+  // (data/runs/h200-sxm/2026-12-0*_peers_deepspeed*.jsonl). It is one segment: the step copies
+  // the updated fp32 partition to the GPU whole before casting it into the 16-bit one
+  // (stage_1_and_2.py at v0.14.5, step: fp32_partition.to(device)), and the allocator keeps the
+  // freed segment through the next forward and backward (the allocator's events, data/
+  // memory_traces/h100-sxm/2026-12-06_deepspeed_s1_offload_mb2_gas4_segments.json: a 10.34 GiB
+  // segment, 2.78 G parameters x 4 B, made there and free at the peak). It is cache a smaller card does without:
   // torch's caching allocator frees its unused cached blocks and retries before it reports an
   // allocation as out of memory.
   if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && offload_opt)
