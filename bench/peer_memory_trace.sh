@@ -7,6 +7,8 @@
 # inside the segments the steps created (the cache above the live bytes). Diagnostic runs: no step
 # record is written (the recording slows the steps).
 #   bash bench/peer_memory_trace.sh ENGINE LIST OUT_DIR [STEPS=2]
+# A line whose run fails while Python stacks are recorded (DeepSpeed's ZeRO-3 parameter offload
+# raises SystemError from an autograd Function there) runs once more recording sizes only.
 # On the GPU host, after scripts/gpu_peers.sh's dependencies (carry ".deps" and ".peers"); it
 # builds the planner as gpu_peers.sh does. OUT_DIR/NN_<model>.json per line, OUT_DIR/trace.log, and
 # all of them in OUT_DIR.tgz (a device call brings back a few files only).
@@ -41,11 +43,16 @@ while read -r model nproc flags; do
   fi
   echo "=== $name: $model $nproc $flags" | tee -a "$LOG" >&2
   peer_ds=(); [[ "$ENGINE" == deepspeed ]] && peer_ds=(--deepspeed-config "$ds")
-  timeout --signal=TERM --kill-after=30 "${TIMEOUT_S:-300}" python3 -m torch.distributed.run --standalone \
-    --nproc_per_node "$nproc" bench/peers/peer.py --engine "$ENGINE" --plan "$plan" \
-    --model-card "data/models/$model.toml" --steps "$STEPS" --warmup 1 --json-out /dev/null \
-    --git-commit "${STEPCAST_GIT_COMMIT:-unknown}" --hardware h200-sxm --memory-trace "$OUT_DIR/$name.json" \
-    "${peer_ds[@]}" >> "$LOG" 2>&1 || { echo "peer_memory_trace: $name failed (see $LOG)" >&2; failed=$((failed + 1)); }
+  ok=0
+  for stacks in python none; do
+    timeout --signal=TERM --kill-after=30 "${TIMEOUT_S:-300}" python3 -m torch.distributed.run --standalone \
+      --nproc_per_node "$nproc" bench/peers/peer.py --engine "$ENGINE" --plan "$plan" \
+      --model-card "data/models/$model.toml" --steps "$STEPS" --warmup 1 --json-out /dev/null \
+      --git-commit "${STEPCAST_GIT_COMMIT:-unknown}" --hardware h200-sxm --memory-trace "$OUT_DIR/$name.json" \
+      --memory-trace-stacks "$stacks" "${peer_ds[@]}" >> "$LOG" 2>&1 && { ok=1; break; }
+    echo "peer_memory_trace: $name failed with stacks=$stacks (see $LOG)" >&2
+  done
+  [[ $ok -eq 1 ]] || failed=$((failed + 1))
 done < "$LIST"
 tar czf "$OUT_DIR.tgz" -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
 echo "peer_memory_trace: $n configurations, $failed failed; reports in $OUT_DIR and $OUT_DIR.tgz" >&2

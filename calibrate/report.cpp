@@ -33,7 +33,7 @@ std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const Hardware
     Prediction p = evaluate(r.model, hw, r.config);
     const TimedPhases<double> ph = timed_phases(p.time, r.config.engine != Engine::kStepcast);
     rows.push_back({&r, is_holdout(r.key, holdout_frac, seed), p.time.step_s, p.step_std_s, p.memory.gpu_total_bytes,
-                    ph.forward_s, ph.backward_s, ph.optimizer_s});
+                    ph.forward_s, ph.backward_s, ph.optimizer_s, p.memory.gpu_allocated_bytes});
   }
   return rows;
 }
@@ -241,10 +241,11 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                          {"steps", r.run->steps},
                          {"measured", {{"step_s", r.run->step_s}, {"forward_s", r.run->forward_s},
                                        {"backward_s", r.run->backward_s}, {"optimizer_s", r.run->optimizer_total_s},
-                                       {"gpu_peak_reserved_bytes", r.run->gpu_peak_reserved_bytes}}},
+                                       {"gpu_peak_reserved_bytes", r.run->gpu_peak_reserved_bytes},
+                                       {"gpu_peak_allocated_bytes", r.run->gpu_peak_allocated_bytes}}},
                          {"predicted", {{"step_s", r.pred_step}, {"step_std_s", r.pred_std}, {"forward_s", r.pred_fwd},
                                         {"backward_s", r.pred_bwd}, {"optimizer_s", r.pred_opt},
-                                        {"gpu_memory_bytes", r.pred_mem}}},
+                                        {"gpu_memory_bytes", r.pred_mem}, {"gpu_peak_allocated_bytes", r.pred_alloc}}},
                          {"step_error_pct", 100 * r.step_err()},
                          {"memory_error_pct", 100 * r.mem_err()}});
   }

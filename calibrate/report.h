@@ -21,6 +21,7 @@ struct Row {
   const RunRecord* run;
   bool holdout;
   double pred_step, pred_std, pred_mem, pred_fwd, pred_bwd, pred_opt;
+  double pred_alloc;  // the caching allocator's peak allocated (live) bytes, predicted
   double step_err() const { return pred_step / run->step_s - 1; }
   double mem_err() const { return run->gpu_peak_reserved_bytes > 0 ? pred_mem / run->gpu_peak_reserved_bytes - 1 : 0; }
 };

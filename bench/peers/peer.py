@@ -172,6 +172,9 @@ def peak_report(trace, base_allocated, base_reserved):
         return {"event": stop, "allocated_bytes": alloc, "reserved_bytes": reserved,
                 "allocated_before_step_bytes": alloc - traced, "allocated_in_step_bytes": traced,
                 "live_in_step_blocks": len(live), "by_operation": top(by_site), "by_owner": top(by_owner),
+                # Sizes name the tensors where no stack was recorded (N parameters x 4 B, ...).
+                "largest_live_blocks": [{"bytes": sz, "where": frame_keys(fr)[0]}
+                                        for sz, fr in sorted(live.values(), key=lambda v: -v[0])[:30]],
                 "segments_new": len(segs), "segments_new_bytes": sum(segs.values()),
                 "segments_new_free_bytes": sum(f for _, f, _ in seg_free),
                 "largest_new_segments": [{"bytes": s, "free_bytes": f, "created_by": c}
@@ -500,6 +503,9 @@ def main():
                    help="diagnostic run: record the caching allocator's events over every step and write what was "
                         "live at the largest allocated and reserved bytes to this JSON file (rank 0's GPU); "
                         "no step records are written, the recording slows the steps")
+    p.add_argument("--memory-trace-stacks", choices=("python", "none"), default="python",
+                   help="record each allocation's Python stack (python) or only its size (none: for a run "
+                        "whose autograd Functions fail under Python-stack recording)")
     a = p.parse_args()
     if a.steps <= a.warmup:
         fail(f"--steps {a.steps} must exceed --warmup {a.warmup}")
@@ -548,7 +554,10 @@ def main():
     trace_max_entries = 8_000_000
     if a.memory_trace:
         base_allocated, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-        torch.cuda.memory._record_memory_history(max_entries=trace_max_entries, stacks="python")
+        if a.memory_trace_stacks == "python":
+            torch.cuda.memory._record_memory_history(max_entries=trace_max_entries, stacks="python")
+        else:
+            torch.cuda.memory._record_memory_history(max_entries=trace_max_entries, context=None)
     for step in range(a.steps):
         fwd = bwd = opt_s = gas_s = 0.0
         torch.cuda.synchronize()
@@ -612,6 +621,7 @@ def main():
         if rank == 0:
             rep = peak_report(trace, base_allocated, base_reserved)
             rep.update({"config": c, "model": a.model_name or card["name"], "steps": a.steps,
+                        "stacks": a.memory_trace_stacks,
                         "trace_truncated": len(trace) >= trace_max_entries,
                         "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
                         "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(), "env": env})
