@@ -616,28 +616,44 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   const double g_shard = stage >= 2 ? trainable / n : trainable;
   const double os_shard = stage >= 1 ? trainable / n : trainable;
   mem.gpu_params_bytes = offload_par ? 0.0 : p_shard * wb + (stage == 3 ? frozen_bytes / n : frozen_bytes);
-  // With offload at stages 2-3 a gradient shard stays on the GPU only to accumulate over GAS.
-  mem.gpu_grads_bytes = (offload_opt && stage >= 2 && c.gas == 1) ? 0.0 : g_shard * wb;
+  // With offload at stages 2-3 a gradient shard stays on the GPU only to accumulate over GAS;
+  // DeepSpeed's stage 2 accumulates on the host instead: each bucket's reduced gradient is added
+  // to the host's copy through one GPU buffer the size of the largest parameter
+  // (stage_1_and_2.py at v0.14.5: copy_grads_in_partition, async_accumulate_grad_in_cpu_via_gpu),
+  // its stage 1 only at the boundary. Measured on one H200, the founding report's job at GAS 5:
+  // 26.5 GiB allocated at stage 2, 29.6 at stage 1.
+  const bool host_accumulates = c.engine == Engine::kDeepSpeed && offload_opt && stage == 2;
+  mem.gpu_grads_bytes = ((offload_opt && stage >= 2 && c.gas == 1) || host_accumulates) ? 0.0 : g_shard * wb;
   // DeepSpeed ZeRO-3 with optimizer offload keeps its gradient partitions in a host buffer
   // (runtime/zero/stage3.py, grad_partitions_flat_buffer on the offload device) and sums them there.
   if (offload_opt && stage == 3 && c.engine == Engine::kDeepSpeed) mem.gpu_grads_bytes = 0.0;
   // DeepSpeed keeps 16-bit runs' gradients in fp32 for the update, on the GPU without offload. At
-  // stages 0 and 1 its BF16_Optimizer (runtime/engine.py picks it for bf16 with fp32 gradient
-  // accumulation, the default) holds a flat fp32 gradient buffer the size of the whole model
-  // (bf16_optimizer.py: zeros_like(bf16_groups_flat), not partitioned); at stage 2 the step casts
-  // the rank's gradient partition to fp32 (stage_1_and_2.py: single_grad_partition), after
-  // flattening its 16-bit gradients into one more buffer while they still live (2 B a parameter);
-  // ZeRO-3 does the same one sub-group at a time (stage3.py, _prepare_fp32_grad_for_sub_group),
-  // freeing each after its update. Measured on one H200, pythia-2.8b: 65.0 / 70.7 / 70.4 GiB
-  // reserved at stages 0 / 1 / 2 at micro-batch 1, where the model without the fp32 gradients gave
-  // 50.6 (data/runs/h200-sxm/2026-12-02_peers_deepspeed_1gpu_attention.jsonl); the peak allocated at
-  // stages 0-2 is 56.9-58.4 GiB at every micro-batch, 22 B a parameter: 16 B of model states, 4 B
-  // of fp32 gradients and 2 B of the flattened copy (2026-12-02_peers_deepspeed_1gpu_*.jsonl).
+  // stage 0 its BF16_Optimizer holds a flat fp32 gradient buffer the size of the whole model
+  // through the backward and the step (bf16_optimizer.py: zeros_like(bf16_groups_flat)); at stages
+  // 1-2 the step casts the rank's gradient partition to fp32 (stage_1_and_2.py:
+  // single_grad_partition) after flattening its 16-bit gradients into one more buffer (2 B a
+  // parameter), once the backward is over; ZeRO-3 does the same one sub-group at a time (stage3.py,
+  // _prepare_fp32_grad_for_sub_group), freeing each after its update. Measured on one H200 with
+  // pythia-2.8b (data/runs/h200-sxm/2026-12-0*_peers_deepspeed_1gpu*.jsonl), the peak allocated:
+  // at stages 1-2, 56.9 GiB at micro-batches 1-2 and any checkpointed one, 22 B a parameter (16 B
+  // of model states, the step's 4 B of fp32 gradients and 2 B of the flattened copy), and above
+  // that 43.1 GiB (16.7 B a parameter) + 6.6 GiB a micro-batch of 2048 tokens, the backward's
+  // (63.8 / 69.5 / 95.9 GiB at micro-batches 3 / 4 / 8); at stage 0, 20 B a parameter + the same
+  // activations at every micro-batch (58.4 / 78.2 / 104.7 GiB at 1 / 4 / 8); at stage 3, 16 B a
+  // parameter + the activations (48.2 / 55.0 / 68.6 / 95.9 GiB at 1 / 2 / 4 / 8), the 6 GB
+  // sub-group cast coming after them. The reserved peak holds the step's buffers beside the
+  // backward's cached segments (memory_model.h): 65.0 / 70.7 / 70.4 GiB at stages 0 / 1 / 2 at
+  // micro-batch 1. Stage 0's 2 B a parameter more than its buffers is cache (below).
   if (c.engine == Engine::kDeepSpeed && !offload_opt && wb < 4.0) {
-    const double step_grad_elems = stage <= 1   ? trainable
-                                   : stage == 2 ? trainable / n
-                                                : std::min(kDeepSpeedSubGroupElems, trainable / n);
-    mem.gpu_grads_bytes += (4.0 + wb) * step_grad_elems;
+    if (stage == 0) {
+      mem.gpu_grads_bytes += 4.0 * trainable;
+      mem.gpu_engine_cache_bytes += wb * trainable;
+    } else {
+      const double step_grad_elems = stage == 1   ? trainable
+                                     : stage == 2 ? trainable / n
+                                                  : std::min(kDeepSpeedSubGroupElems, trainable / n);
+      mem.gpu_step_bytes += (4.0 + wb) * step_grad_elems;
+    }
   }
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
   // FSDP2 (fully_shard with the mixed-precision policy we write) keeps each parameter's shard in
@@ -666,7 +682,20 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // CPUOffloadPolicy too. Measured on one H200 at GAS 2: reserved 137.1 GiB for llama-2-7b
   // checkpointed at micro-batch 2 where 16 B a parameter and the activations make 105
   // (data/runs/h200-sxm/2026-12-02_peers_fsdp2_1gpu_holdout.jsonl).
-  if (c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro) mem.gpu_grads_bytes += 4.0 * trainable;
+  // They are the backward's alone where the shards are on the GPU: the last micro-batch's
+  // reduce-scatter turns them, unit by unit, into the sharded gradients the step uses (4 B / n),
+  // and zero_grad frees those after it: measured with the allocator's events on one H100, FSDP2
+  // pythia-2.8b stage 3, GAS 2: at the peak allocated (69.2 GiB) the accumulated fp32 gradient is
+  // live and no sharded one (data/memory_traces/h100-sxm/2026-12-06_fsdp2_s3_mb4_gas2.json).
+  if (c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro) {
+    if (fsdp2_shards) {
+      mem.gpu_backward_bytes += 4.0 * trainable;
+      mem.gpu_step_bytes += mem.gpu_grads_bytes;
+      mem.gpu_grads_bytes = 0.0;
+    } else {
+      mem.gpu_grads_bytes += 4.0 * trainable;
+    }
+  }
   double buffers = 0.0;
   if (multi_rank && stage >= 2) buffers += 2.0 * bucket * wb;  // reduce-scatter buckets in flight
   // FSDP2's root module (fully_shard(model) after each layer's) holds the embedding, the final
@@ -705,12 +734,13 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   }
   // DeepSpeed's ZeRO optimizer at stages 1-2 (no offload) gathers each micro-batch's gradients
   // into a 16-bit partition buffer during the backward (stage_1_and_2.py: grads_in_partition at
-  // stage 2, the averaged_gradients partitions at stage 1), beside the activations; its
-  // segments then serve neither the activations nor the step's larger fp32 buffers. Measured on
-  // one H200, pythia-2.8b: the reserve above model states and step buffers is 6.5 GiB plus
-  // 6.8 GiB a micro-batch at stages 1-2, against 0-0.5 GiB plus 6.3-7 at stages 0 and 3
-  // (data/runs/h200-sxm/2026-12-0*_peers_deepspeed_1gpu*.jsonl): 2.3 B a parameter.
-  if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && !offload_opt) buffers += wb * trainable / n;
+  // stage 2, the averaged_gradients partitions at stage 1), the gradients above; the segments
+  // the gathering leaves serve neither the activations nor the step's larger fp32 buffers.
+  // Measured on one H200, pythia-2.8b: the reserve above model states and step buffers is 6.5 GiB
+  // plus 6.8 GiB a micro-batch at stages 1-2, against 0-0.5 GiB plus 6.3-7 at stages 0 and 3
+  // (data/runs/h200-sxm/2026-12-0*_peers_deepspeed_1gpu*.jsonl): 2.3 B a parameter of cache.
+  if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && !offload_opt)
+    mem.gpu_engine_cache_bytes += wb * trainable / n;
   // With CPU offload at stages 1-2 its caching allocator keeps about 4 B per parameter of the
   // rank's partition above the peak allocated, in bf16 and fp32 alike: pythia-2.8b reserved
   // 12.6-14.4 GiB above its peak allocated on one H200 and 8.2 GiB on two, at micro-batches 2-8
@@ -719,11 +749,18 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // (stage_1_and_2.py at v0.14.5, step: fp32_partition.to(device)), and the allocator keeps the
   // freed segment through the next forward and backward (the allocator's events, data/
   // memory_traces/h100-sxm/2026-12-06_deepspeed_s1_offload_mb2_gas4_segments.json: a 10.34 GiB
-  // segment, 2.78 G parameters x 4 B, made there and free at the peak). It is cache a smaller card does without:
-  // torch's caching allocator frees its unused cached blocks and retries before it reports an
-  // allocation as out of memory.
-  if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && offload_opt)
-    mem.gpu_releasable_cache_bytes = 4.0 * trainable / n;
+  // segment, 2.78 G parameters x 4 B, made there and free at the peak): the step's own buffer
+  // (memory_model.h), which a smaller card takes from the backward's freed segments: torch's
+  // caching allocator frees its unused cached blocks and retries before it reports an allocation
+  // as out of memory.
+  // The GPU's gradient accumulators have gone to the host by then (the boundary's copy into the
+  // CPU optimizer's fp32 gradients): measured with fp32 pythia-2.8b, 21.2 GiB allocated at its
+  // peak, its 4 B parameters and the step's 4 B copy, not the 4 B of gradients besides.
+  if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && offload_opt) {
+    mem.gpu_step_bytes += 4.0 * trainable / n;
+    mem.gpu_backward_bytes += mem.gpu_grads_bytes;
+    mem.gpu_grads_bytes = 0.0;
+  }
   mem.gpu_buffers_bytes = buffers;
   // Our backend repeats each KV head for the query heads it serves before the fused attention
   // (backend/engine/transformer.cpp), which keeps the repeated keys and values for its backward:

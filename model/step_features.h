@@ -119,7 +119,17 @@ struct MemoryFeatures {
   double gpu_grads_bytes = 0;
   double gpu_opt_states_bytes = 0;     // fp32 master weights + optimizer moments on the GPU
   double gpu_buffers_bytes = 0;        // communication buckets, stage-3 gather/prefetch buffers
-  double gpu_releasable_cache_bytes = 0;  // allocator cache a card with less room does without
+  // Allocated by the optimizer step alone, once the backward has freed its activations (the
+  // step's fp32 gradients): the peak allocated is the larger of the backward's and the step's; on
+  // a card with room the step's buffers take segments of their own beside the backward's cached
+  // ones (memory_model.h).
+  double gpu_step_bytes = 0;
+  // Held through the backward and freed before the step (FSDP2's unsharded gradient accumulators,
+  // which the last micro-batch's reduce-scatter turns into the step's sharded gradients).
+  double gpu_backward_bytes = 0;
+  // Cache the engine's buffer pattern leaves above the peak allocated, measured per parameter
+  // (the segments a 16-bit gradient buffer leaves that neither the activations nor the step reuse).
+  double gpu_engine_cache_bytes = 0;
   double act_bytes = 0;                // analytic saved activations of one micro-batch at peak
                                        // (checkpointed: the layer inputs and the head's input)
   double ckpt_bytes = 0;               // checkpointed layer inputs (layers x tokens x hidden)

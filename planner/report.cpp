@@ -180,6 +180,8 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                            {"activations", m.gpu_activations_bytes},
                            {"buffers", m.gpu_buffers_bytes},
                            {"workspace", m.gpu_workspace_bytes},
+                           {"backward_accumulators", m.gpu_backward_bytes},
+                           {"step_buffers", m.gpu_step_bytes},
                            {"peak_allocated", m.gpu_allocated_bytes},
                            {"allocator_reserve", m.gpu_reserve_bytes},
                            {"total", m.gpu_total_bytes},
@@ -357,9 +359,14 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   mt.add({"GPU", "gradients", format_gib(m.gpu_grads_bytes)});
   mt.add({"GPU", "master weights + optimizer states", format_gib(m.gpu_opt_states_bytes)});
   mt.add({"GPU", "buckets and gather buffers", format_gib(m.gpu_buffers_bytes)});
-  mt.add({"GPU", "activations, logits, loss", format_gib(m.gpu_live_bytes)});
   mt.add({"GPU", "library workspaces", format_gib(m.gpu_workspace_bytes)});
-  mt.add({"GPU", "peak allocated", format_gib(m.gpu_allocated_bytes)});
+  if (m.gpu_backward_bytes > 0)
+    mt.add({"GPU", "backward: gradient accumulators", format_gib(m.gpu_backward_bytes)});
+  mt.add({"GPU", "backward: activations, logits, loss", format_gib(m.gpu_live_bytes)});
+  const bool phases = m.gpu_step_bytes > 0;
+  if (phases) mt.add({"GPU", "step: its fp32 gradients (after the backward)", format_gib(m.gpu_step_bytes)});
+  mt.add({"GPU", phases ? "peak allocated (the backward's or the step's)" : "peak allocated",
+          format_gib(m.gpu_allocated_bytes)});
   mt.add({"GPU", "allocator's cache above it", format_gib(m.gpu_reserve_bytes)});
   mt.add({"GPU", "peak reserved per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
   if (p.gpu_memory_hi_bytes > 0)

@@ -712,12 +712,15 @@ TEST_CASE("the peers' eager attention reads and writes its score matrix: bytes p
   CHECK(with_s - without_s >= 0.95 * (24.0 + 28.0) * 8589934592.0 / hw.gpu.memory_bytes_per_s);
 }
 
-TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages 0-1, the partition at stage 2") {
-  // BF16_Optimizer (stages 0 and 1) holds an fp32 flat gradient buffer of every parameter; stage
-  // 2's step casts the rank's partition to fp32; the step's flattened 16-bit copy comes on top.
-  // Per parameter P: stage 1 on one GPU, 2 B of bf16 gradient + 4 B fp32 + 2 B flat copy = 8P;
-  // stage 2 on two GPUs, P/2 x (2 + 4 + 2) = 4P; stage 0 on two GPUs: 8P. Stage 3 one sub-group
-  // at a time: pythia-2.8b's 2.78e9 parameters on one GPU, 2P + 6 x 1e9 (sub_group_size).
+TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: held through the backward at stage 0, the step's own at stages 1-3") {
+  // BF16_Optimizer (stage 0) holds an fp32 flat gradient buffer of every parameter through the
+  // backward and the step; at stages 1-2 the step casts the rank's gradients to fp32 after
+  // flattening its 16-bit ones (4 + 2 B a parameter of its partition), once the backward is over;
+  // stage 3 does so one sub-group at a time. Per parameter P (pythia-2.8b, 2.78e9):
+  //   stage 1, one GPU: 2P of bf16 gradients; the step's 6P.
+  //   stage 3, one GPU: 2P; the step's 6 x 1e9 (sub_group_size).
+  //   stage 2, two GPUs: P/2 x 2 = P; the step's P/2 x 6 = 3P.
+  //   stage 0, two GPUs: 2P + 4P = 6P; no step of its own.
   const ModelSpec m = model("pythia-2.8b");
   const double P = static_cast<double>(m.total_params());
   const HardwareProfile hw = hardware("h200-sxm");
@@ -725,48 +728,59 @@ TEST_CASE("DeepSpeed's fp32 gradients of a 16-bit run: the whole model at stages
   c.engine = Engine::kDeepSpeed;
   c.gpus_per_node = 1;
   c.zero_stage = 1;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 8.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_step_bytes, 6.0 * P, 1e-12));
   c.zero_stage = 3;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P + 6.0 * 1e9, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_step_bytes, 6.0 * 1e9, 1e-12));
   c.gpus_per_node = 2;
   c.zero_stage = 2;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 4.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_step_bytes, 3.0 * P, 1e-12));
   c.zero_stage = 0;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 8.0 * P, 1e-12));
-  // Not with the optimizer offloaded (its fp32 gradients live on the host), not in fp32 (the
-  // gradients are fp32 already), not for our backend.
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 6.0 * P, 1e-12));
+  CHECK(make_features(m, hw, c).memory.gpu_step_bytes == 0.0);
+  // Not with the optimizer offloaded (its fp32 gradients live on the host; stage 1's 16-bit ones
+  // leave the GPU before the step), not in fp32 (the gradients are fp32 already), not for our
+  // backend.
   c.zero_stage = 1;
   c.offload_optimizer = OffloadDevice::kCpu;
   c.offload_pipeline = false;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
+  CHECK(make_features(m, hw, c).memory.gpu_grads_bytes == 0.0);
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_backward_bytes, 2.0 * P, 1e-12));
   c.offload_optimizer = OffloadDevice::kNone;
   c.precision = Precision::kFp32;
   CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 4.0 * P, 1e-12));
+  CHECK(make_features(m, hw, c).memory.gpu_step_bytes == 0.0);
   c.precision = Precision::kBf16;
   c.engine = Engine::kStepcast;
   CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, 2.0 * P, 1e-12));
-  // The ZeRO optimizer's 16-bit gradient partition buffer at stages 1-2 without offload (one
-  // GPU: 2 B a parameter; two GPUs at stage 2: 1 B), a buffer beside the model states; none at
-  // stage 0, with offload, or for our backend.
+  CHECK(make_features(m, hw, c).memory.gpu_step_bytes == 0.0);
+  // The cache the ZeRO optimizer's 16-bit gradient partition buffer leaves at stages 1-2 without
+  // offload (one GPU: 2 B a parameter; two GPUs at stage 2: 1 B), and stage 0's 2 B; none for our
+  // backend, whose buckets are the same.
   c.engine = Engine::kDeepSpeed;
   c.gpus_per_node = 1;
   c.zero_stage = 1;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_buffers_bytes, 2.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_engine_cache_bytes, 2.0 * P, 1e-12));
   c.gpus_per_node = 2;
   c.zero_stage = 2;
-  TrainConfig ours = c;  // the same buckets in flight, without the partition buffer
+  TrainConfig ours = c;
   ours.engine = Engine::kStepcast;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_buffers_bytes - make_features(m, hw, ours).memory.gpu_buffers_bytes,
-                    2.0 * P / 2.0, 1e-9));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_engine_cache_bytes, P, 1e-12));
+  CHECK(make_features(m, hw, ours).memory.gpu_engine_cache_bytes == 0.0);
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_buffers_bytes, make_features(m, hw, ours).memory.gpu_buffers_bytes,
+                    1e-12));
   c.zero_stage = 0;
-  CHECK(make_features(m, hw, c).memory.gpu_buffers_bytes == 0.0);
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_engine_cache_bytes, 2.0 * P, 1e-12));
 }
 
 TEST_CASE("FSDP2 accumulating without sync holds every parameter's whole fp32 gradient (hand count)") {
   // torch 2.11, fsdp/_fully_shard/_fsdp_param.py, to_accumulated_grad_if_needed: before the last
   // micro-batch the unsharded gradient is cast to the reduce dtype (fp32) and kept, on every
-  // rank: 4 B a parameter beside the shard's gradient. Reducing after each micro-batch, or one
-  // micro-batch a step, holds none.
+  // rank: 4 B a parameter through the backward, which the last reduce-scatter turns into the
+  // shard's gradient, the step's. Reducing after each micro-batch, or one micro-batch a step,
+  // holds none.
   const ModelSpec m = model("llama-2-7b");
   const double P = static_cast<double>(m.total_params());
   const HardwareProfile hw = hardware("h200-sxm");
@@ -778,7 +792,9 @@ TEST_CASE("FSDP2 accumulating without sync holds every parameter's whole fp32 gr
   const double shard_only = make_features(m, hw, c).memory.gpu_grads_bytes;
   CHECK(test::close(shard_only, 4.0 * P / 2.0, 1e-12));  // the rank's fp32 gradient shard
   c.gas = 4;
-  CHECK(test::close(make_features(m, hw, c).memory.gpu_grads_bytes, shard_only + 4.0 * P, 1e-12));
+  CHECK(make_features(m, hw, c).memory.gpu_grads_bytes == 0.0);
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_backward_bytes, 4.0 * P, 1e-12));
+  CHECK(test::close(make_features(m, hw, c).memory.gpu_step_bytes, shard_only, 1e-12));
   // Its reduce-scatter then runs once, on the last micro-batch.
   CHECK(make_features(m, hw, c).step.grad_comm_bytes_micro == 0.0);
   CHECK(make_features(m, hw, c).step.grad_comm_bytes_boundary > 0.0);

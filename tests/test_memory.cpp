@@ -479,9 +479,11 @@ TEST_CASE("PEFT: no weight gradients for frozen weights; the dequantisation adds
   CHECK(!evaluate(big, hw, q70).fits);
 }
 
-TEST_CASE("DeepSpeed ZeRO-1/2 with CPU offload keeps 4 B of cache per partition parameter, not needed to fit") {
-  // Measured (step_features.cpp): pythia-2.8b reserved 12.6-14.4 GiB above its peak allocated on
-  // one H200, 8.2 on two; cached blocks the allocator frees before it fails, so a smaller card does without.
+TEST_CASE("DeepSpeed ZeRO-1/2 with CPU offload: the step's 4 B fp32 partition on the GPU, after the gradients left") {
+  // stage_1_and_2.py (v0.14.5), step: the updated fp32 partition comes to the GPU whole (4 B per
+  // partition parameter) once the boundary has copied the gradients to the host; stage 2 keeps no
+  // GPU accumulator (copy_grads_in_partition adds each reduced bucket into the host's copy), stage
+  // 1 holds the 16-bit gradients (2 B per parameter) through the backward only.
   const ModelSpec m = model("pythia-2.8b");
   const HardwareProfile hw = hardware("h200-sxm");
   const double psi = static_cast<double>(m.total_params());
@@ -492,20 +494,91 @@ TEST_CASE("DeepSpeed ZeRO-1/2 with CPU offload keeps 4 B of cache per partition 
       TrainConfig c = config(stage, gpus, OffloadDevice::kCpu);
       c.engine = Engine::kDeepSpeed;
       c.offload_pipeline = false;
+      c.gas = 4;
       const Features f = make_features(m, hw, c);
-      CHECK(f.memory.gpu_releasable_cache_bytes == doctest::Approx(4.0 * psi / gpus));
+      CHECK(f.memory.gpu_step_bytes == doctest::Approx(4.0 * psi / gpus));
+      CHECK(f.memory.gpu_grads_bytes == 0.0);
+      CHECK(f.memory.gpu_backward_bytes == doctest::Approx(stage == 1 ? 2.0 * psi : 0.0));
+      // A smaller card takes the step's buffer from the backward's freed segments: the plan needs
+      // the reserved peak less the smaller of the two phases' own bytes.
       const MemoryEstimate<double> e = predict_memory(f.memory, hw.coefs.data());
-      CHECK(e.gpu_total_bytes - e.gpu_required_bytes == doctest::Approx(4.0 * psi / gpus));
-      // Our backend's offload keeps no such cache.
+      CHECK(e.gpu_total_bytes - e.gpu_required_bytes ==
+            doctest::Approx(std::min(4.0 * psi / gpus, e.gpu_backward_bytes + e.gpu_live_bytes)));
+      // Our backend's offload keeps neither.
       c.engine = Engine::kStepcast;
       c.offload_pipeline = true;
-      CHECK(make_features(m, hw, c).memory.gpu_releasable_cache_bytes == 0.0);
+      CHECK(make_features(m, hw, c).memory.gpu_step_bytes == 0.0);
     }
   }
   TrainConfig s3 = config(3, 1, OffloadDevice::kCpu);
   s3.engine = Engine::kDeepSpeed;
   s3.offload_pipeline = false;
-  CHECK(make_features(m, hw, s3).memory.gpu_releasable_cache_bytes == 0.0);
+  CHECK(make_features(m, hw, s3).memory.gpu_step_bytes == 0.0);
+}
+
+TEST_CASE("DeepSpeed without offload, bf16: the step's fp32 gradients come after the backward; 22 B a parameter at stages 1-2") {
+  // Per parameter P on one rank, AdamW (12 B of fp32 master weights and moments):
+  //   stage 0 (BF16_Optimizer): 2 B weights + 2 B gradients + 4 B flat fp32 gradients + 12 B,
+  //     all held through the backward and the step: 20 B; 2 B a parameter of cache besides.
+  //   stages 1-2: backward 2 + 2 + 12 = 16 B; step + 4 B fp32 gradient partition + 2 B flattened
+  //     16-bit copy = 22 B (measured 56.9 GiB = 22 x 2.775 G for pythia-2.8b on one H200).
+  //   stage 3: 16 B; the step casts one sub-group (1e9 parameters) at a time: 6 x 1e9 B.
+  const ModelSpec m = model("pythia-2.8b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double P = static_cast<double>(m.total_params());
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    TrainConfig c = config(stage, 1);
+    c.engine = Engine::kDeepSpeed;
+    const MemoryFeatures mem = make_features(m, hw, c).memory;
+    const double states = mem.gpu_params_bytes + mem.gpu_grads_bytes + mem.gpu_opt_states_bytes;
+    CHECK(states == doctest::Approx((stage == 0 ? 20.0 : 16.0) * P));
+    CHECK(mem.gpu_step_bytes == doctest::Approx(stage == 0 ? 0.0 : stage == 3 ? 6.0 * 1e9 : 6.0 * P));
+    CHECK(mem.gpu_engine_cache_bytes == doctest::Approx(stage == 3 ? 0.0 : 2.0 * P));
+    // With no activations the step is the peak allocated.
+    CoefVector k = hw.coefs;
+    k[kActBytesMult] = 0.0;
+    k[kLossExtraBytesPerLogit] = 0.0;
+    k[kGpuWorkspaceBytes] = 0.0;
+    MemoryFeatures small = mem;
+    small.logits_elems = 0.0;
+    small.gpu_buffers_bytes = 0.0;
+    const MemoryEstimate<double> e = predict_memory(small, k.data());
+    CHECK(e.gpu_allocated_bytes == doctest::Approx(states + small.gpu_step_bytes));
+  }
+}
+
+TEST_CASE("memory model: the backward's and the step's peaks, the reserved sum, and what a smaller card needs") {
+  // Hand numbers: static 40 GB, backward-only accumulators 4 GB, live 10 GB, step buffers 6 GB.
+  //   allocated = max(40 + 4 + 10, 40 + 6) = 54 GB; reserved = 40 + 4 + 10 + 6 + pool reserve
+  //   (5 % x 10 GB = 0.5 GB) + engine cache 1 GB = 61.5 GB; required = 61.5 - min(6, 14) = 55.5 GB.
+  MemoryFeatures f;
+  f.gpu_params_bytes = 10e9;
+  f.gpu_grads_bytes = 10e9;
+  f.gpu_opt_states_bytes = 20e9;
+  f.gpu_backward_bytes = 4e9;
+  f.gpu_step_bytes = 6e9;
+  f.gpu_engine_cache_bytes = 1e9;
+  f.act_bytes = 10e9;
+  CoefVector c = default_coefs();
+  c[kActBytesMult] = 1.0;
+  c[kLossExtraBytesPerLogit] = 0.0;
+  c[kGpuFragFrac] = 0.05;
+  c[kCkptReserveMult] = 0.0;
+  c[kGpuWorkspaceBytes] = 0.0;
+  c[kLossReserveBytesPerLogit] = 0.0;
+  MemoryEstimate<double> e = predict_memory(f, c.data());
+  CHECK(e.gpu_allocated_bytes == doctest::Approx(54e9));
+  CHECK(e.gpu_total_bytes == doctest::Approx(61.5e9));
+  CHECK(e.gpu_reserve_bytes == doctest::Approx(7.5e9));
+  CHECK(e.gpu_required_bytes == doctest::Approx(55.5e9));
+  // A step larger than the backward's own bytes sets the peak allocated: 40 + 20 = 60 GB; the
+  // smaller card reuses the backward's 14 GB of segments: 75.5 - 14 = 61.5 GB.
+  f.gpu_step_bytes = 20e9;
+  e = predict_memory(f, c.data());
+  CHECK(e.gpu_allocated_bytes == doctest::Approx(60e9));
+  CHECK(e.gpu_total_bytes == doctest::Approx(75.5e9));
+  CHECK(e.gpu_required_bytes == doctest::Approx(61.5e9));
 }
 
 TEST_CASE("FSDP2 model states: fp32 shards as the master copy, fp32 gradient shards, stage 2's unsharded bf16 copy") {
@@ -539,6 +612,23 @@ TEST_CASE("FSDP2 model states: fp32 shards as the master copy, fp32 gradient sha
   CHECK(ours.gpu_params_bytes == doctest::Approx(2.0 * T));
   CHECK(ours.gpu_grads_bytes == doctest::Approx(2.0 * T));
   CHECK(ours.gpu_opt_states_bytes == doctest::Approx(12.0 * T));
+}
+
+TEST_CASE("FSDP2 without gradient sync: the unsharded fp32 accumulators are the backward's, the sharded gradients the step's") {
+  // llama-2-7b, bf16, GAS 4, no sync before the last micro-batch: 4 T of fp32 accumulators through
+  // the backward, turned unit by unit into the 4 T / n sharded gradients the step uses.
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  const double T = static_cast<double>(m.total_params());
+  for (int n : {1, 2}) {
+    TrainConfig c = config(3, n);
+    c.engine = Engine::kFsdp2;
+    c.gas = 4;
+    const MemoryFeatures mem = make_features(m, hw, c).memory;
+    CHECK(mem.gpu_grads_bytes == 0.0);
+    CHECK(mem.gpu_backward_bytes == doctest::Approx(4.0 * T));
+    CHECK(mem.gpu_step_bytes == doctest::Approx(4.0 * T / n));
+  }
 }
 
 TEST_CASE("FSDP2's root module: its parameters gathered through the backward at stage 3, the head's gradient held at both") {
