@@ -6,16 +6,19 @@
 # Python line that allocated it and by the model or engine code that asked, and the free bytes
 # inside the segments the steps created (the cache above the live bytes). Diagnostic runs: no step
 # record is written (the recording slows the steps).
-#   bash bench/peer_memory_trace.sh ENGINE LIST OUT_DIR [STEPS=2]
-# A line whose run fails while Python stacks are recorded (DeepSpeed's ZeRO-3 parameter offload
-# raises SystemError from an autograd Function there) runs once more recording sizes only.
+#   bash bench/peer_memory_trace.sh ENGINE LIST OUT_DIR [STEPS=2] [STACKS=auto]
+# STACKS auto: a line whose run fails while Python stacks are recorded (DeepSpeed's ZeRO-3
+# parameter offload raises SystemError from an autograd Function there) runs once more recording
+# sizes only; python or none: that recording alone.
 # On the GPU host, after scripts/gpu_peers.sh's dependencies (carry ".deps" and ".peers"); it
 # builds the planner as gpu_peers.sh does. OUT_DIR/NN_<model>.json per line, OUT_DIR/trace.log, and
 # all of them in OUT_DIR.tgz (a device call brings back a few files only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ENGINE="$1"; LIST="$2"; OUT_DIR="$3"; STEPS="${4:-2}"
+ENGINE="$1"; LIST="$2"; OUT_DIR="$3"; STEPS="${4:-2}"; STACKS="${5:-auto}"
 case "$ENGINE" in deepspeed|fsdp2) ;; *) echo "peer_memory_trace: ENGINE $ENGINE is not deepspeed or fsdp2" >&2; exit 2 ;; esac
+case "$STACKS" in auto) tries=(python none) ;; python|none) tries=("$STACKS") ;;
+  *) echo "peer_memory_trace: STACKS $STACKS is not auto, python or none" >&2; exit 2 ;; esac
 [[ -f "$LIST" ]] || { echo "peer_memory_trace: $LIST: no such run list" >&2; exit 2; }
 [[ -d /tmp/deps/usr ]] || for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -44,7 +47,7 @@ while read -r model nproc flags; do
   echo "=== $name: $model $nproc $flags" | tee -a "$LOG" >&2
   peer_ds=(); [[ "$ENGINE" == deepspeed ]] && peer_ds=(--deepspeed-config "$ds")
   ok=0
-  for stacks in python none; do
+  for stacks in "${tries[@]}"; do
     timeout --signal=TERM --kill-after=30 "${TIMEOUT_S:-300}" python3 -m torch.distributed.run --standalone \
       --nproc_per_node "$nproc" bench/peers/peer.py --engine "$ENGINE" --plan "$plan" \
       --model-card "data/models/$model.toml" --steps "$STEPS" --warmup 1 --json-out /dev/null \
