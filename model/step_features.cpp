@@ -725,6 +725,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                    : unit * wb;
     buffers += 2.0 * unit_bytes;
     buffers += peft ? trainable / L * wb : unit * wb;
+    // DeepSpeed with its parameters offloaded keeps what it fetched on the GPU until it holds
+    // stage3_max_live_parameters (partitioned_param_coordinator.py: fetched parameters are
+    // released after use only above that count or beyond max_reuse_distance; our config sets both
+    // to 1e9), so a checkpointed backward, which uses every layer twice, keeps about that many.
+    // Measured with the allocator's sizes on one H100, fp32 pythia-2.8b, micro-batch 2: 8.0 GiB
+    // allocated at the peak, 5.2 of it fetched weights (100 MiB blocks, the MLP's fp32
+    // matrices), where three layers' worth (0.9 GiB) had been counted (data/memory_traces/
+    // h100-sxm/2026-12-06_deepspeed_fp32_s3_offload_params_mb2_gas2_ckpt_sizes.json).
+    if (c.engine == Engine::kDeepSpeed && offload_par && !peft) buffers += std::min(kDeepSpeedMaxLiveParams, trainable) * wb;
   }
   if (c.peft == PeftKind::kQlora) {
     // One dequantised weight alive at a time: the largest projection's.

@@ -113,6 +113,10 @@ struct StepFeatures {
   double model_flops_per_token = 0; // 6 N + 6 L d_attn s (MFU numerator, no recompute)
 };
 
+// DeepSpeed ZeRO-3's stage3_max_live_parameters as our DeepSpeed config writes it
+// (planner/deepspeed_config.cpp): the most fetched parameters it keeps on a GPU.
+inline constexpr double kDeepSpeedMaxLiveParams = 1e9;
+
 struct MemoryFeatures {
   // GPU, per rank (bytes)
   double gpu_params_bytes = 0;

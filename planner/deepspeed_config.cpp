@@ -94,7 +94,7 @@ LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
     } else {
       zero["stage3_prefetch_bucket_size"] = static_cast<int64_t>(0.9 * h * h);
       zero["stage3_param_persistence_threshold"] = static_cast<int64_t>(10 * h);
-      zero["stage3_max_live_parameters"] = static_cast<int64_t>(1e9);
+      zero["stage3_max_live_parameters"] = static_cast<int64_t>(kDeepSpeedMaxLiveParams);
       zero["stage3_max_reuse_distance"] = static_cast<int64_t>(1e9);
       zero["stage3_gather_16bit_weights_on_model_save"] = true;
       zero["offload_param"] = {{"device", offload_name(c.offload_params)}, {"pin_memory", true}};

@@ -883,3 +883,19 @@ TEST_CASE("test-retest: spreads and distances from the pooled median, by hand, b
   CHECK(none["step_time_spread_max_pct"].get<double>() == 0.0);
   CHECK(none["runs"].empty());
 }
+
+TEST_CASE("report: the peak allocated's error over the runs that record it, by hand") {
+  // Two runs with a recorded peak allocated (predicted 10 % high and 20 % low) and one without:
+  // mean (10 + 20) / 2 = 15 %, max 20 %, over 2 runs.
+  RunRecord a, b, c;
+  a.gpu_peak_allocated_bytes = 100e9;
+  b.gpu_peak_allocated_bytes = 50e9;
+  a.step_s = b.step_s = c.step_s = 1.0;
+  std::vector<Row> rows{{&a, false, 1.0, 0.1, 0.0, 0.0, 0.0, 0.0, 110e9},
+                        {&b, false, 1.0, 0.1, 0.0, 0.0, 0.0, 0.0, 40e9},
+                        {&c, false, 1.0, 0.1, 0.0, 0.0, 0.0, 0.0, 70e9}};
+  const nlohmann::json s = summarize(rows, false);
+  CHECK(s["peak_allocated_runs"].get<int>() == 2);
+  CHECK(s["peak_allocated_mean_abs_pct_error"].get<double>() == doctest::Approx(15.0));
+  CHECK(s["peak_allocated_max_abs_pct_error"].get<double>() == doctest::Approx(20.0));
+}
