@@ -364,7 +364,7 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
     mt.add({"GPU", "backward: gradient accumulators", format_gib(m.gpu_backward_bytes)});
   mt.add({"GPU", "backward: activations, logits, loss", format_gib(m.gpu_live_bytes)});
   const bool phases = m.gpu_step_bytes > 0;
-  if (phases) mt.add({"GPU", "step: its fp32 gradients (after the backward)", format_gib(m.gpu_step_bytes)});
+  if (phases) mt.add({"GPU", "step: its own fp32 buffers (after the backward)", format_gib(m.gpu_step_bytes)});
   mt.add({"GPU", phases ? "peak allocated (the backward's or the step's)" : "peak allocated",
           format_gib(m.gpu_allocated_bytes)});
   mt.add({"GPU", "allocator's cache above it", format_gib(m.gpu_reserve_bytes)});
