@@ -13,10 +13,13 @@
 //                        (fragmentation x live + ckpt_reserve_mult x checkpoints) and the
 //                        loss's freed buffers (loss_reserve_bytes_per_logit x logits),
 //                        + the cache the engine's buffers leave (measured per parameter)
-//   GPU required       = peak reserved - the smaller of (step's buffers, what only the
-//                        backward holds): on a card
+//   GPU required       = peak reserved - the smaller of (the step's buffers a card without
+//                        room reclaims, what only the backward holds): on a card
 //                        without room the allocator frees the backward's cached segments and
-//                        retries, so the step reuses them
+//                        retries, so DeepSpeed's whole-partition step buffers reuse them
+//                        (measured on one H100: five DeepSpeed plans reserved 76-90 GiB on the
+//                        H200 ran there; FSDP2's unit-by-unit sharded gradients do not:
+//                        data/runs/h100-sxm/2026-12-06_h100_tight_*_1gpu*.jsonl)
 //   host               = ranks per node x (the larger of the steady buffers (offloaded
 //                        states, gradient accumulators, offloaded parameters, pinned
 //                        buffers) and what placing the model holds, + process overhead)
@@ -77,7 +80,7 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   out.gpu_total_bytes = backward_peak + out.gpu_step_bytes + pool_reserve + T(m.gpu_engine_cache_bytes);
   out.gpu_reserve_bytes = out.gpu_total_bytes - out.gpu_allocated_bytes;  // all the cache above the peak allocated
   using std::min;
-  out.gpu_required_bytes = out.gpu_total_bytes - min(out.gpu_step_bytes, backward_only);
+  out.gpu_required_bytes = out.gpu_total_bytes - min(T(m.gpu_step_reclaimable_bytes), backward_only);
   out.host_buffers_bytes = T(m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes + m.host_pinned_buffers_bytes);
   out.host_placement_bytes = T(m.host_placement_bytes);
   out.host_per_rank_bytes = max(out.host_buffers_bytes, out.host_placement_bytes) + coef[kHostBytesPerRank];

@@ -653,6 +653,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                      : stage == 2 ? trainable / n
                                                   : std::min(kDeepSpeedSubGroupElems, trainable / n);
       mem.gpu_step_bytes += (4.0 + wb) * step_grad_elems;
+      mem.gpu_step_reclaimable_bytes += (4.0 + wb) * step_grad_elems;
     }
   }
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
@@ -684,7 +685,8 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // (data/runs/h200-sxm/2026-12-02_peers_fsdp2_1gpu_holdout.jsonl).
   // They are the backward's alone where the shards are on the GPU: the last micro-batch's
   // reduce-scatter turns them, unit by unit, into the sharded gradients the step uses (4 B / n),
-  // and zero_grad frees those after it: measured with the allocator's events on one H100, FSDP2
+  // and zero_grad frees those after it (small, unit by unit: not reclaimed from the backward's
+  // segments on a card without room, memory_model.h): measured with the allocator's events on one H100, FSDP2
   // pythia-2.8b stage 3, GAS 2: at the peak allocated (69.2 GiB) the accumulated fp32 gradient is
   // live and no sharded one (data/memory_traces/h100-sxm/2026-12-06_fsdp2_s3_mb4_gas2.json).
   if (c.engine == Engine::kFsdp2 && c.gas > 1 && !c.grad_sync_each_micro) {
@@ -767,6 +769,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // peak, its 4 B parameters and the step's 4 B copy, not the 4 B of gradients besides.
   if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && offload_opt) {
     mem.gpu_step_bytes += 4.0 * trainable / n;
+    mem.gpu_step_reclaimable_bytes += 4.0 * trainable / n;
     mem.gpu_backward_bytes += mem.gpu_grads_bytes;
     mem.gpu_grads_bytes = 0.0;
   }

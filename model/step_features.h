@@ -128,6 +128,10 @@ struct MemoryFeatures {
   // a card with room the step's buffers take segments of their own beside the backward's cached
   // ones (memory_model.h).
   double gpu_step_bytes = 0;
+  // Of those, what a card without room takes from the backward's freed segments: DeepSpeed's
+  // step buffers are a few whole-partition tensors, made after the backward's cache is freeable;
+  // FSDP2's sharded gradients come unit by unit while its backward's segments are still in use.
+  double gpu_step_reclaimable_bytes = 0;
   // Held through the backward and freed before the step (FSDP2's unsharded gradient accumulators,
   // which the last micro-batch's reduce-scatter turns into the step's sharded gradients).
   double gpu_backward_bytes = 0;

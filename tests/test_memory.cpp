@@ -497,6 +497,7 @@ TEST_CASE("DeepSpeed ZeRO-1/2 with CPU offload: the step's 4 B fp32 partition on
       c.gas = 4;
       const Features f = make_features(m, hw, c);
       CHECK(f.memory.gpu_step_bytes == doctest::Approx(4.0 * psi / gpus));
+      CHECK(f.memory.gpu_step_reclaimable_bytes == doctest::Approx(4.0 * psi / gpus));
       CHECK(f.memory.gpu_grads_bytes == 0.0);
       CHECK(f.memory.gpu_backward_bytes == doctest::Approx(stage == 1 ? 2.0 * psi : 0.0));
       // A smaller card takes the step's buffer from the backward's freed segments: the plan needs
@@ -558,6 +559,7 @@ TEST_CASE("memory model: the backward's and the step's peaks, the reserved sum, 
   f.gpu_opt_states_bytes = 20e9;
   f.gpu_backward_bytes = 4e9;
   f.gpu_step_bytes = 6e9;
+  f.gpu_step_reclaimable_bytes = 6e9;
   f.gpu_engine_cache_bytes = 1e9;
   f.act_bytes = 10e9;
   CoefVector c = default_coefs();
@@ -575,10 +577,15 @@ TEST_CASE("memory model: the backward's and the step's peaks, the reserved sum, 
   // A step larger than the backward's own bytes sets the peak allocated: 40 + 20 = 60 GB; the
   // smaller card reuses the backward's 14 GB of segments: 75.5 - 14 = 61.5 GB.
   f.gpu_step_bytes = 20e9;
+  f.gpu_step_reclaimable_bytes = 20e9;
   e = predict_memory(f, c.data());
   CHECK(e.gpu_allocated_bytes == doctest::Approx(60e9));
   CHECK(e.gpu_total_bytes == doctest::Approx(75.5e9));
   CHECK(e.gpu_required_bytes == doctest::Approx(61.5e9));
+  // Step buffers a smaller card cannot take from the backward's segments (FSDP2's, made unit by
+  // unit): it needs the whole reserved peak.
+  f.gpu_step_reclaimable_bytes = 0.0;
+  CHECK(predict_memory(f, c.data()).gpu_required_bytes == doctest::Approx(75.5e9));
 }
 
 TEST_CASE("FSDP2 model states: fp32 shards as the master copy, fp32 gradient shards, stage 2's unsharded bf16 copy") {
@@ -628,6 +635,8 @@ TEST_CASE("FSDP2 without gradient sync: the unsharded fp32 accumulators are the 
     CHECK(mem.gpu_grads_bytes == 0.0);
     CHECK(mem.gpu_backward_bytes == doctest::Approx(4.0 * T));
     CHECK(mem.gpu_step_bytes == doctest::Approx(4.0 * T / n));
+    // Not reclaimed from the backward's segments on a smaller card: it needs the reserved peak.
+    CHECK(mem.gpu_step_reclaimable_bytes == 0.0);
   }
 }
 
