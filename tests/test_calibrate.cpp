@@ -899,3 +899,41 @@ TEST_CASE("report: the peak allocated's error over the runs that record it, by h
   CHECK(s["peak_allocated_mean_abs_pct_error"].get<double>() == doctest::Approx(15.0));
   CHECK(s["peak_allocated_max_abs_pct_error"].get<double>() == doctest::Approx(20.0));
 }
+
+TEST_CASE("one H100: the peers' plans that ran there fit or are tight; those that ran out of memory do not fit") {
+  // Measured on one H100 80GB (data/runs/h100-sxm/2026-12-06_h100_tight_*_1gpu*.jsonl): five
+  // DeepSpeed plans whose peak reserved on an H200 was 76-90 GiB ran; DeepSpeed stage 0 at 4 x 2048
+  // (78.2 GiB allocated on the H200) and FSDP2 stage 2 at 4 x 2048 and stage 3 at 5 and 6 x 2048
+  // (GAS 2) ran out of memory in their first step (the *_failed.jsonl records).
+  const HardwareProfile h100 = test::hardware("h100-sxm");
+  for (const std::string engine : {"deepspeed", "fsdp2"}) {
+    CAPTURE(engine);
+    const std::filesystem::path file =
+        test::data_dir() / "runs" / "h100-sxm" / ("2026-12-06_h100_tight_" + engine + "_1gpu.jsonl");
+    const std::vector<RunRecord> ran = load_runs({file}, test::data_dir());
+    REQUIRE(ran.size() == (engine == "deepspeed" ? 5u : 1u));
+    const HardwareProfile hw = for_engine(h100, engine);
+    for (const RunRecord& r : ran) {
+      CAPTURE(r.key);
+      const Prediction p = evaluate(r.model, hw, r.config);
+      CHECK((p.fits || p.tight));
+    }
+    // The plans that ran out of memory, as their run list gave them (same model, GAS and sequence).
+    std::vector<std::pair<int, int64_t>> failed;  // (stage, micro-batch)
+    if (engine == "deepspeed") failed = {{0, 4}};
+    else failed = {{2, 4}, {3, 5}, {3, 6}};
+    for (const auto& [stage, micro] : failed) {
+      TrainConfig c = ran.front().config;
+      c.zero_stage = stage;
+      c.micro_batch = micro;
+      c.gas = 2;
+      c.seq_len = 2048;
+      c.activation_checkpointing = false;
+      CAPTURE(stage);
+      CAPTURE(micro);
+      const Prediction p = evaluate(ran.front().model, hw, c);
+      CHECK(!p.fits);
+      CHECK(!p.tight);
+    }
+  }
+}
