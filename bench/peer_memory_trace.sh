@@ -20,16 +20,7 @@ case "$ENGINE" in deepspeed|fsdp2) ;; *) echo "peer_memory_trace: ENGINE $ENGINE
 case "$STACKS" in auto) tries=(python none) ;; python|none) tries=("$STACKS") ;;
   *) echo "peer_memory_trace: STACKS $STACKS is not auto, python or none" >&2; exit 2 ;; esac
 [[ -f "$LIST" ]] || { echo "peer_memory_trace: $LIST: no such run list" >&2; exit 2; }
-[[ -d /tmp/deps/usr ]] || for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export DS_BUILD_OPS=0 TORCH_EXTENSIONS_DIR=/tmp/torch_ext TOKENIZERS_PARALLELISM=false
-if [[ ! -x build-peers/planner/planner ]]; then
-  cmake -S . -B build-peers -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
-    -DSTEPCAST_WITH_TORCH=OFF -DSTEPCAST_WITH_CUDA=OFF -DSTEPCAST_WITH_NCCL=OFF -DSTEPCAST_WITH_CERES=OFF \
-    >/tmp/cmake-peers.log 2>&1 || { tail -30 /tmp/cmake-peers.log; exit 1; }
-  cmake --build build-peers -j "$(nproc)" --target planner calibrate >/tmp/build-peers.log 2>&1 ||
-    { grep -E "error" -A3 /tmp/build-peers.log | head -40; exit 1; }
-fi
+source scripts/peer_env.sh || exit 1
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/trace.log"
 n=0; failed=0
