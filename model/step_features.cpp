@@ -653,7 +653,6 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
                                      : stage == 2 ? trainable / n
                                                   : std::min(kDeepSpeedSubGroupElems, trainable / n);
       mem.gpu_step_bytes += (4.0 + wb) * step_grad_elems;
-      mem.gpu_step_reclaimable_bytes += (4.0 + wb) * step_grad_elems;
     }
   }
   mem.gpu_opt_states_bytes = offload_opt ? 0.0 : os_shard * state_bytes;
@@ -769,10 +768,12 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // peak, its 4 B parameters and the step's 4 B copy, not the 4 B of gradients besides.
   if (c.engine == Engine::kDeepSpeed && (stage == 1 || stage == 2) && offload_opt) {
     mem.gpu_step_bytes += 4.0 * trainable / n;
-    mem.gpu_step_reclaimable_bytes += 4.0 * trainable / n;
     mem.gpu_backward_bytes += mem.gpu_grads_bytes;
     mem.gpu_grads_bytes = 0.0;
   }
+  // DeepSpeed's step buffers are whole-partition tensors a card without room takes from the
+  // backward's freed segments (memory_model.h); FSDP2's sharded gradients are not.
+  if (c.engine == Engine::kDeepSpeed) mem.gpu_step_reclaimable_bytes = mem.gpu_step_bytes;
   mem.gpu_buffers_bytes = buffers;
   // Our backend repeats each KV head for the query heads it serves before the fused attention
   // (backend/engine/transformer.cpp), which keeps the repeated keys and values for its backward:

@@ -27,6 +27,21 @@ double model_states(const MemoryFeatures& m) {
   return m.gpu_params_bytes + m.gpu_grads_bytes + m.gpu_opt_states_bytes;
 }
 
+// Hand-set values of the coefficients memory_model.h reads; the others at their defaults.
+struct MemoryCoefs {
+  double act_mult, loss_extra_per_logit, frag_frac, ckpt_reserve_mult, workspace_bytes, loss_reserve_per_logit;
+};
+CoefVector memory_coefs(const MemoryCoefs& m) {
+  CoefVector c = default_coefs();
+  c[kActBytesMult] = m.act_mult;
+  c[kLossExtraBytesPerLogit] = m.loss_extra_per_logit;
+  c[kGpuFragFrac] = m.frag_frac;
+  c[kCkptReserveMult] = m.ckpt_reserve_mult;
+  c[kGpuWorkspaceBytes] = m.workspace_bytes;
+  c[kLossReserveBytesPerLogit] = m.loss_reserve_per_logit;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO paper: model states per GPU for stages 0-3 (Rajbhandari et al. 2020)") {
@@ -215,13 +230,8 @@ TEST_CASE("memory model: peak allocated and reserve by hand") {
   f.act_bytes = 8e9;
   f.logits_elems = 1e9;
   f.logit_bytes = 2.0;
-  CoefVector c = default_coefs();
-  c[kActBytesMult] = 1.0;
-  c[kLossExtraBytesPerLogit] = 10.0;
-  c[kGpuFragFrac] = 0.05;
-  c[kCkptReserveMult] = 1.0;
-  c[kGpuWorkspaceBytes] = 0.5e9;
-  c[kLossReserveBytesPerLogit] = 0.5;
+  CoefVector c = memory_coefs({.act_mult = 1.0, .loss_extra_per_logit = 10.0, .frag_frac = 0.05,
+                               .ckpt_reserve_mult = 1.0, .workspace_bytes = 0.5e9, .loss_reserve_per_logit = 0.5});
   // Without checkpointing: live = 8 GB + 1e9 x (2 + 4 + 6) = 20 GB; allocated = 36 + 20 + 0.5;
   // reserve = 5 % of 20 GB, more than the loss's 0.5 B x 1e9 logits.
   MemoryEstimate<double> e = predict_memory(f, c.data());
@@ -532,7 +542,7 @@ TEST_CASE("DeepSpeed without offload, bf16: the step's fp32 gradients come after
     TrainConfig c = config(stage, 1);
     c.engine = Engine::kDeepSpeed;
     const MemoryFeatures mem = make_features(m, hw, c).memory;
-    const double states = mem.gpu_params_bytes + mem.gpu_grads_bytes + mem.gpu_opt_states_bytes;
+    const double states = model_states(mem);
     CHECK(states == doctest::Approx((stage == 0 ? 20.0 : 16.0) * P));
     CHECK(mem.gpu_step_bytes == doctest::Approx(stage == 0 ? 0.0 : stage == 3 ? 6.0 * 1e9 : 6.0 * P));
     CHECK(mem.gpu_engine_cache_bytes == doctest::Approx(stage == 3 ? 0.0 : 2.0 * P));
@@ -562,13 +572,8 @@ TEST_CASE("memory model: the backward's and the step's peaks, the reserved sum, 
   f.gpu_step_reclaimable_bytes = 6e9;
   f.gpu_engine_cache_bytes = 1e9;
   f.act_bytes = 10e9;
-  CoefVector c = default_coefs();
-  c[kActBytesMult] = 1.0;
-  c[kLossExtraBytesPerLogit] = 0.0;
-  c[kGpuFragFrac] = 0.05;
-  c[kCkptReserveMult] = 0.0;
-  c[kGpuWorkspaceBytes] = 0.0;
-  c[kLossReserveBytesPerLogit] = 0.0;
+  const CoefVector c = memory_coefs({.act_mult = 1.0, .loss_extra_per_logit = 0.0, .frag_frac = 0.05,
+                                     .ckpt_reserve_mult = 0.0, .workspace_bytes = 0.0, .loss_reserve_per_logit = 0.0});
   MemoryEstimate<double> e = predict_memory(f, c.data());
   CHECK(e.gpu_allocated_bytes == doctest::Approx(54e9));
   CHECK(e.gpu_total_bytes == doctest::Approx(61.5e9));
