@@ -49,7 +49,7 @@ struct Flags {
   int emulated_node = -1;  // set by the launcher for the ranks of an emulated node
   std::string offload_optimizer = "none", offload_params = "none", optimizer = "adamw", precision = "bf16",
               checkpointing = "off", offload_pipeline = "on", split_master = "on", cpu_simd = "auto",
-              cpu_bind = "on", peft = "none", lora_targets = "all";
+              cpu_bind = "on", peft = "none", lora_targets = "all", gpu_allocator = "default";
   int64_t lora_rank = 16;
   double lora_alpha = 16.0, lora_dropout = 0.0;
   int64_t micro_batch = 1, gas = 1, seq = 2048, steps = 10, warmup = 2;
@@ -89,6 +89,7 @@ TrainConfig config_from(const Flags& f, const CLI::App& app) {
   if (given("--split-master")) c.split_master = parse_on_off(f.split_master, "--split-master");
   if (given("--cpu-simd")) c.cpu_simd = parse_cpu_simd(f.cpu_simd, "--cpu-simd");
   if (given("--cpu-bind")) c.cpu_bind = parse_on_off(f.cpu_bind, "--cpu-bind");
+  if (given("--gpu-allocator")) c.gpu_expandable_segments = parse_gpu_allocator(f.gpu_allocator, "--gpu-allocator");
   if (given("--peft")) c.peft = parse_peft(f.peft, "--peft");
   if (given("--lora-rank")) c.lora_rank = f.lora_rank;
   if (given("--lora-alpha")) c.lora_alpha = f.lora_alpha;
@@ -130,6 +131,24 @@ std::string out_of_memory_message(int rank, const std::string& when, const std::
                 when.c_str(), pred ? pred->memory.gpu_total_bytes / kBytesPerGiB : 0.0,
                 rt.device_memory_bytes() / kBytesPerGiB);
   return buf;
+}
+
+// torch's caching allocator settings variable (c10/cuda/CUDAAllocatorConfig.h reads it).
+constexpr const char* kAllocConfVar = "PYTORCH_CUDA_ALLOC_CONF";
+
+// The record says which allocator ran: a run whose environment turns expandable segments on
+// without --gpu-allocator expandable (or the reverse, where torch ignores the setting) stops
+// before its first step, naming the variable.
+void check_allocator(Runtime& rt, const TrainConfig& cfg, const std::string& user_conf) {
+  if (!rt.is_cuda()) return;
+  const bool expandable = rt.expandable_segments();
+  if (expandable == cfg.gpu_expandable_segments) return;
+  if (expandable)
+    throw InputError(std::string(kAllocConfVar) + "=\"" + user_conf +
+                     "\" turns on expandable segments: pass --gpu-allocator expandable so that the run record says so, "
+                     "or unset it");
+  throw InputError("--gpu-allocator expandable: torch's CUDA allocator did not take expandable segments (" +
+                   std::string(kAllocConfVar) + "=\"" + user_conf + "\" before the run)");
 }
 
 // The run's own numbers (the configuration's are validate_config's).
@@ -203,7 +222,15 @@ int run_rank(const Flags& f, const CLI::App& app) {
   bind_cpus(rank_cores, cfg.cpu_bind);
   select_simd(cfg.cpu_simd);
   const int share = physical_cores(host_cpus, rank_cores);
+  const char* alloc_conf_before = std::getenv(kAllocConfVar);
+  const std::string user_alloc_conf = alloc_conf_before ? alloc_conf_before : "";
+  if (cfg.gpu_expandable_segments) {
+    // torch's allocator reads its settings once, at its first use, which comes after this.
+    const std::string conf = user_alloc_conf.empty() ? "expandable_segments:True" : user_alloc_conf + ",expandable_segments:True";
+    ::setenv(kAllocConfVar, conf.c_str(), 1);
+  }
   std::unique_ptr<Runtime> rt = Runtime::from_flag(f.device, rv.local_rank);
+  check_allocator(*rt, cfg, user_alloc_conf);
   if (f.gpu_mem_limit_gib != 0) rt->limit_memory(f.gpu_mem_limit_gib * kBytesPerGiB);
   at::set_num_threads(share);
   set_cpu_threads(f.cpu_threads > 0 ? f.cpu_threads : std::max(1, share > 2 ? share - 1 : share));
@@ -257,6 +284,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
                         {"data", tokens.description()},
                         {"host_op_us", host_op_us(*rt)},
                         {"cpu_mhz", mean_cpu_mhz()}};
+  if (const char* conf = std::getenv(kAllocConfVar)) env["pytorch_cuda_alloc_conf"] = conf;
   // Nodes emulated on one host (--emulate-nodes): config.nodes counts them; NCCL moved the bytes
   // between them over its network transport (launcher.h).
   if (f.emulate_nodes > 1) env["emulated_nodes"] = f.emulate_nodes;
@@ -401,6 +429,10 @@ int main_impl(int argc, char** argv) {
                  "(auto: the widest this CPU has)")
       ->capture_default_str();
   app.add_option("--cpu-bind", f.cpu_bind, "on | off: bind each rank and its CPU optimizer threads to its cores")
+      ->capture_default_str();
+  app.add_option("--gpu-allocator", f.gpu_allocator,
+                 "default | expandable: the CUDA caching allocator's segments (expandable: one growing address "
+                 "range, less cache above the live bytes; recorded in the run record)")
       ->capture_default_str();
   app.add_option("--peft", f.peft,
                  "none | lora | qlora: train low-rank adapters on frozen base weights (qlora: stored in 4-bit NF4)")

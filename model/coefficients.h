@@ -62,6 +62,7 @@ enum Coef : int {
   kLossExtraBytesPerLogit,   // bytes per logit beyond the logits themselves (fp32 log-softmax, grad)
   kLossReserveBytesPerLogit, // caching-allocator reserve the loss's freed buffers leave, per logit
   kHostBytesPerRank,         // host memory of one rank process beyond its buffers
+  kExpandableReserveFrac,    // with expandable segments: the share of the default allocator's cache above the peak left
   kNumCoefs
 };
 

@@ -20,6 +20,8 @@
 //                        (measured on one H100: five DeepSpeed plans reserved 76-90 GiB on the
 //                        H200 ran there; FSDP2's unit-by-unit sharded gradients do not:
 //                        data/runs/h100-sxm/2026-12-06_h100_tight_*_1gpu*.jsonl)
+//   expandable segments: what lies above the peak allocated, reserved and required alike, keeps
+//                        the share expandable_reserve_frac of the default allocator's
 //   host               = ranks per node x (the larger of the steady buffers (offloaded
 //                        states, gradient accumulators, offloaded parameters, pinned
 //                        buffers) and what placing the model holds, + process overhead)
@@ -81,6 +83,13 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   out.gpu_reserve_bytes = out.gpu_total_bytes - out.gpu_allocated_bytes;  // all the cache above the peak allocated
   using std::min;
   out.gpu_required_bytes = out.gpu_total_bytes - min(T(m.gpu_step_reclaimable_bytes), backward_only);
+  if (m.expandable_segments > 0.0) {
+    const T& alloc = out.gpu_allocated_bytes;
+    const T keep = coef[kExpandableReserveFrac];
+    out.gpu_total_bytes = alloc + keep * (out.gpu_total_bytes - alloc);
+    out.gpu_required_bytes = alloc + keep * max(out.gpu_required_bytes - alloc, T(0.0));
+    out.gpu_reserve_bytes = out.gpu_total_bytes - alloc;
+  }
   out.host_buffers_bytes = T(m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes + m.host_pinned_buffers_bytes);
   out.host_placement_bytes = T(m.host_placement_bytes);
   out.host_per_rank_bytes = max(out.host_buffers_bytes, out.host_placement_bytes) + coef[kHostBytesPerRank];

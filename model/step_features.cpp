@@ -774,6 +774,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // DeepSpeed's step buffers are whole-partition tensors a card without room takes from the
   // backward's freed segments (memory_model.h); FSDP2's sharded gradients are not.
   if (c.engine == Engine::kDeepSpeed) mem.gpu_step_reclaimable_bytes = mem.gpu_step_bytes;
+  mem.expandable_segments = c.gpu_expandable_segments ? 1.0 : 0.0;
   mem.gpu_buffers_bytes = buffers;
   // Our backend repeats each KV head for the query heads it serves before the fused attention
   // (backend/engine/transformer.cpp), which keeps the repeated keys and values for its backward:

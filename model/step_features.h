@@ -138,6 +138,8 @@ struct MemoryFeatures {
   // Cache the engine's buffer pattern leaves above the peak allocated, measured per parameter
   // (the segments a 16-bit gradient buffer leaves that neither the activations nor the step reuse).
   double gpu_engine_cache_bytes = 0;
+  // 1 where the caching allocator grows expandable segments (TrainConfig::gpu_expandable_segments).
+  double expandable_segments = 0;
   double act_bytes = 0;                // analytic saved activations of one micro-batch at peak
                                        // (checkpointed: the layer inputs and the head's input)
   double ckpt_bytes = 0;               // checkpointed layer inputs (layers x tokens x hidden)

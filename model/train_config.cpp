@@ -54,6 +54,14 @@ CpuSimd parse_cpu_simd(const std::string& text, const std::string& what) {
   return parse_spelling(kCpuSimds, text, what + " ", "is not valid");
 }
 
+const char* gpu_allocator_name(const TrainConfig& c) { return c.gpu_expandable_segments ? "expandable" : "default"; }
+
+bool parse_gpu_allocator(const std::string& text, const std::string& what) {
+  if (text == "default") return false;
+  if (text == "expandable") return true;
+  throw InputError(what + " \"" + text + "\" is not valid (valid: default, expandable)");
+}
+
 bool parse_on_off(const std::string& text, const std::string& what) {
   if (text == "on") return true;
   if (text == "off") return false;

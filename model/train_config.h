@@ -82,6 +82,14 @@ struct TrainConfig {
   // the cost model does not read (the dropout's mask is one elementwise pass per adapter).
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
+  // The CUDA caching allocator's segments: one cudaMalloc per segment (false, torch's default) or
+  // expandable segments that grow by mapping pages into one reserved address range
+  // (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; torch's c10/cuda/CUDACachingAllocator.cpp,
+  // ExpandableSegment). A freed block then joins its neighbours and the range's free end, so the
+  // cache a step leaves above its live bytes is smaller (memory_model.h). Every engine here runs
+  // torch's allocator: the backend sets it with `train --gpu-allocator`, the peers' launch with
+  // the variable.
+  bool gpu_expandable_segments = false;
 
   bool peft_enabled() const { return peft != PeftKind::kNone; }
   int world_size() const { return gpus_per_node * nodes; }
@@ -92,6 +100,9 @@ const char* offload_name(OffloadDevice d);
 const char* optimizer_name(OptimizerKind o);
 const char* attention_name(AttentionKind a);
 const char* cpu_simd_name(CpuSimd s);
+// "default" or "expandable" (TrainConfig::gpu_expandable_segments).
+const char* gpu_allocator_name(const TrainConfig& c);
+bool parse_gpu_allocator(const std::string& text, const std::string& what);
 const char* engine_name(Engine e);
 Engine parse_engine(const std::string& text, const std::string& what);
 const char* peft_name(PeftKind p);

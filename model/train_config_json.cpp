@@ -29,6 +29,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   if (!c.cpu_bind) j["cpu_bind"] = false;
   if (c.engine != Engine::kStepcast) j["engine"] = engine_name(c.engine);
   if (c.grad_sync_each_micro) j["grad_sync_each_micro"] = true;
+  if (c.gpu_expandable_segments) j["gpu_allocator"] = gpu_allocator_name(c);
   if (pipelined_offload_uploads(c)) j["offload_uploads_in_backward"] = c.offload_uploads_in_backward;
   if (c.peft_enabled()) {
     j["peft"] = peft_name(c.peft);
@@ -92,6 +93,9 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     c.cpu_bind = boolean_key(j, "cpu_bind", where, true, false);
     if (j.contains("engine")) c.engine = parse_engine(j.at("engine").get<std::string>(), where + ".engine");
     c.grad_sync_each_micro = boolean_key(j, "grad_sync_each_micro", where, false, false);
+    // Absent: torch's default allocator (every record from before the key existed).
+    if (j.contains("gpu_allocator"))
+      c.gpu_expandable_segments = parse_gpu_allocator(j.at("gpu_allocator").get<std::string>(), where + ".gpu_allocator");
     // Absent: a record from before the backend uploaded during the backward (or a plan then).
     c.offload_uploads_in_backward = boolean_key(j, "offload_uploads_in_backward", where, false, false);
     if (j.contains("peft")) {
@@ -139,6 +143,7 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          (c.attention == AttentionKind::kFlash ? "" : std::string(" attn=") + attention_name(c.attention)) +
          (c.engine == Engine::kStepcast ? "" : std::string(" engine=") + engine_name(c.engine)) +
          (c.grad_sync_each_micro ? " sync=each" : "") +
+         (c.gpu_expandable_segments ? " alloc=expandable" : "") +
          (c.peft_enabled() ? std::string(" peft=") + peft_name(c.peft) + " r" + std::to_string(c.lora_rank) + " " +
                                  lora_targets_name(c.lora_targets) + (c.lora_dropout > 0 ? " dropout" : "")
                            : "");

@@ -35,6 +35,11 @@ void add_common(CLI::App* app, CommonOptions& o) {
                   "auto | flash (fused SDPA kernels) | math (materialised softmax); auto: flash, or math where "
                   "DeepSpeed/FSDP2 run a transformers model without SDPA (GPT-J)")
       ->capture_default_str();
+  app->add_option("--gpu-allocator", o.gpu_allocator,
+                  "default | expandable: torch's CUDA caching allocator as the job runs it (expandable: "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, `train --gpu-allocator expandable`), "
+                  "which caches less above the live bytes")
+      ->capture_default_str();
   app->add_option("--gpu-mem-gib", o.gpu_mem_gib, "usable memory per GPU in GiB (default: the profile's)");
   app->add_option("--cpu-mem-gib", o.cpu_mem_gib, "host memory per node in GiB (default: profile's per-GPU figure x GPUs)");
   app->add_option("--cpu-cores", o.cpu_cores, "CPU cores per node for the CPU optimizer (default: profile's per-GPU figure x GPUs)");
@@ -106,6 +111,7 @@ TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine e
   c.seq_len = o.seq;
   c.precision = parse_precision(o.precision, "--precision");
   c.attention = attention_for(o, model, engine);
+  c.gpu_expandable_segments = parse_gpu_allocator(o.gpu_allocator, "--gpu-allocator");
   check_position_table(model, engine, o.seq);
   // --peft auto is recommend's (make_request): the base configuration is full fine-tuning.
   c.peft = o.peft == "auto" ? PeftKind::kNone : parse_peft(o.peft, "--peft");

@@ -21,6 +21,7 @@ struct CommonOptions {
   int64_t seq = 2048;
   std::string precision = "bf16";
   std::string attention = "auto";
+  std::string gpu_allocator = "default";
   double gpu_mem_gib = 0;
   double cpu_mem_gib = 0;
   double cpu_cores = 0;

@@ -50,6 +50,7 @@ class Runtime {
   // Times the caching allocator freed its cache and retried an allocation since the process
   // began (a step near the device's capacity pays for each); 0 on the CPU.
   virtual double alloc_retries() = 0;
+  virtual bool expandable_segments() = 0;  // whether the caching allocator grows expandable segments
   virtual double device_memory_bytes() = 0;  // total memory of the device
   // Caps what the caching allocator may hold on this device (bytes): it frees its cache and
   // retries before it fails, as on a card of that size. Throws InputError on the CPU.

@@ -43,6 +43,7 @@ class CpuRuntime final : public Runtime {
   double peak_reserved_bytes() override { return 0; }
   void reset_peak() override {}
   double alloc_retries() override { return 0; }
+  bool expandable_segments() override { return false; }
   double device_memory_bytes() override { return 0; }
   void limit_memory(double) override { throw InputError("--gpu-mem-limit-gib needs a CUDA device (--device cuda)"); }
   std::string device_name() override { return "cpu"; }

@@ -15,6 +15,7 @@
 #include "backend/runtime/runtime.h"
 
 #ifdef STEPCAST_TORCH_CUDA
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -148,6 +149,13 @@ class CudaRuntime final : public Runtime {
         c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index_)).num_alloc_retries);
 #else
     return 0;
+#endif
+  }
+  bool expandable_segments() override {
+#ifdef STEPCAST_TORCH_CUDA
+    return c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::expandable_segments();
+#else
+    return false;
 #endif
   }
   void reset_peak() override {

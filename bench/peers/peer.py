@@ -515,6 +515,11 @@ def main():
     rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if world != c["gpus"] * c["nodes"]:
         fail(f"{a.plan}: plans[0].config.world_size is {c['gpus'] * c['nodes']}, but torchrun started {world} ranks")
+    # The plan's allocator (config.gpu_allocator, absent: torch's default), set before the first
+    # CUDA allocation as PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would set it at launch.
+    expandable = c.get("gpu_allocator", "default") == "expandable"
+    if expandable:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     torch.cuda.set_device(local_rank)
     cfg = hf_config(card, c["precision"])
     cfg.peer_attn = {"flash": "sdpa", "math": "eager"}[c["attention"]]
@@ -531,6 +536,13 @@ def main():
     else:
         micro, n_params = build_fsdp2(cfg, c, local_rank)
     torch.cuda.synchronize()
+    # The record says which allocator ran: the model's segments are expandable exactly when the
+    # plan asked for it (an environment that turns it on for a default plan stops here).
+    ran_expandable = any(seg.get("is_expandable", False) for seg in torch.cuda.memory_snapshot())
+    if ran_expandable != expandable:
+        fail(f"{a.plan}: plans[0].config.gpu_allocator is {c.get('gpu_allocator', 'default')}, but the caching "
+             f"allocator's segments are {'expandable' if ran_expandable else 'not expandable'} "
+             f"(PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r})")
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     gas, mb, seq = c["gas"], c["micro_batch"], c["seq_len"]
@@ -545,6 +557,8 @@ def main():
            # for each rank when it starts more than one per node and the variable is unset.
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "torch_threads": torch.get_num_threads(),
            "cpu_count": os.cpu_count(), "host_op_us": host_op_us()}
+    if "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
+        env["pytorch_cuda_alloc_conf"] = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
     try:
         import transformers
         env["transformers"] = transformers.__version__
