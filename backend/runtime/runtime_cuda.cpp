@@ -15,7 +15,6 @@
 #include "backend/runtime/runtime.h"
 
 #ifdef STEPCAST_TORCH_CUDA
-#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -151,9 +150,16 @@ class CudaRuntime final : public Runtime {
     return 0;
 #endif
   }
+  // Read from what the allocator made, not from its settings: CUDAAllocatorConfig's inline
+  // query answers false outside torch's own build (PYTORCH_C10_DRIVER_API_SUPPORTED is torch's),
+  // while the allocator itself, in libc10_cuda, takes the setting.
   bool expandable_segments() override {
 #ifdef STEPCAST_TORCH_CUDA
-    return c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::expandable_segments();
+    // A block of the large pool (above 1 MiB), where the training's tensors live.
+    const torch::Tensor probe = torch::empty({int64_t{32} << 20}, torch::TensorOptions().dtype(torch::kUInt8).device(device()));
+    for (const auto& segment : c10::cuda::CUDACachingAllocator::snapshot().segments)
+      if (segment.device == index_ && segment.is_expandable) return true;
+    return false;
 #else
     return false;
 #endif
