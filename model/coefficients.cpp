@@ -196,11 +196,19 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "host memory of one rank process beyond its buffers (runtime, libraries)"},
     // Expandable segments (TrainConfig::gpu_expandable_segments) keep one growing address range,
     // so a freed block joins its neighbours and the free end: less of what the default allocator
-    // caches above the peak allocated stays reserved. Three checkpointed LoRA and QLoRA runs of our
-    // backend on one H200 kept 0.30, 0.46 and 0.71 of their default reserve above the same peak
-    // allocated, at the same step time (data/runs/h200-sxm/2026-12-01_peft_alloc_{default,
-    // expandable}.jsonl, docs/peft.md): the default is their middle; the fit sets it.
-    {kExpandableReserveFrac, "expandable_reserve_frac", 0.0, 1.0, 0.5, "1",
+    // caches above the peak allocated stays reserved, the loss's freed buffers aside
+    // (memory_model.h). Measured in pairs on one H100, default then expandable, the same step
+    // time (data/runs/h100-sxm/2026-12-06_expandable_{stepcast,deepspeed}_1gpu.jsonl), peak
+    // reserved with expandable segments against the model at this share 0 and 1 (GiB):
+    //   ours, pythia-2.8b stage 2, 8 x 2048 x GAS 2, checkpointed   55.10 against 55.89 / 56.06
+    //   ours, llama-2-7b LoRA, 16 x 2048, checkpointed               35.87 against 36.86 / 41.47
+    //   ours, qwen2.5-7b LoRA, 4 x 2048 x GAS 2, checkpointed        34.07 against 34.18 / 34.18
+    //   DeepSpeed stage 1, pythia-2.8b, 8 x 2048 x GAS 2, ckpt       61.28 against 59.68 / 76.74
+    //   DeepSpeed stage 2, pythia-2.8b, 3 x 2048 x GAS 2             73.92 against 61.49 / 82.16
+    // Least squares in GiB over the spans as if linear in the share (a_i = the span, b_i = the
+    // miss at 0): -sum(a b) / sum(a^2) = 279.5 / 739.5 = 0.378. The model at 0.378 (the loss's
+    // buffers set llama-2-7b's floor): +1.5, +2.9, +0.4, +7.9 and -6.2 %; in sample, five plans.
+    {kExpandableReserveFrac, "expandable_reserve_frac", 0.0, 1.0, 0.378, "1",
      "with expandable segments, the share of the default allocator's reserve above the peak allocated that stays reserved"},
 }};
 

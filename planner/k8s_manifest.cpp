@@ -71,6 +71,11 @@ void replica(std::ostringstream& o, const char* role, int replicas, const Manife
   o << "              value: \"WARN\"\n";
   o << "            - name: TORCH_NCCL_ASYNC_ERROR_HANDLING\n";
   o << "              value: \"1\"\n";
+  if (req.gpu_expandable_segments) {
+    // The caching allocator the plan's memory was predicted for (--gpu-allocator expandable).
+    o << "            - name: PYTORCH_CUDA_ALLOC_CONF\n";
+    o << "              value: \"expandable_segments:True\"\n";
+  }
   if (req.cpu_threads_per_rank > 0) {
     // The peer's CPU optimizer threads the plan was predicted with (torchrun would set 1).
     o << "            - name: OMP_NUM_THREADS\n";
@@ -188,6 +193,8 @@ std::string k8s_manifest_yaml(const ModelSpec& model, const Prediction& plan, co
   // Our backend sizes its own CPU threads; only a peer's launch carries OMP_NUM_THREADS.
   ManifestRequest pod = req;
   if (c.engine == Engine::kStepcast || c.offload_optimizer == OffloadDevice::kNone) pod.cpu_threads_per_rank = 0;
+  // Our backend sets its allocator from the plan (train --gpu-allocator); a peer reads the variable.
+  pod.gpu_expandable_segments = c.gpu_expandable_segments && c.engine != Engine::kStepcast;
   replica(o, "Master", 1, pod, command, args, config_map, c.gpus_per_node, data_claim);
   if (c.nodes > 1) replica(o, "Worker", c.nodes - 1, pod, command, args, config_map, c.gpus_per_node, data_claim);
   return o.str();

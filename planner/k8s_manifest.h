@@ -20,6 +20,7 @@ struct ManifestRequest {
   std::string hardware;        // the profile train predicts with
   int64_t steps = 0;           // optimizer steps of the whole fine-tune
   std::string data_claim;      // PersistentVolumeClaim with train.txt, and room for the checkpoint; empty: <job>-data
+  bool gpu_expandable_segments = false;  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (a peer's plan)
   int cpu_threads_per_rank = 0;  // DeepSpeed: OMP_NUM_THREADS of each rank (0: torchrun's default, one)
 };
 

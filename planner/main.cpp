@@ -46,6 +46,10 @@ const Prediction* best_offload(const SearchResult& res) {
 std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec& model, const HardwareProfile& hw,
                                          const Prediction& plan) {
   std::vector<std::string> notes;
+  if (plan.config.gpu_expandable_segments && plan.config.engine != Engine::kStepcast &&
+      (!o.fsdp_config.empty() || !o.deepspeed_config.empty()))
+    notes.push_back("launch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in every rank's environment: the "
+                    "plan's memory is predicted for expandable segments (--gpu-allocator expandable)");
   if (!o.fsdp_config.empty()) {
     write_file_atomic(o.fsdp_config, accelerate_fsdp_yaml(model, plan.config));
     notes.push_back("Accelerate FSDP2 config written to " + o.fsdp_config + " (micro-batch " +
@@ -196,6 +200,36 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   }
   req.hardware = for_engine(req.hardware, engine);
   SearchResult res = search_plans(req);
+  // The same search with expandable segments, where the job runs torch's default allocator: what
+  // the cache they leave out would let fit, and how much faster its top plan is.
+  std::optional<SearchResult> expandable;
+  if (!base.gpu_expandable_segments) {
+    SearchRequest ereq = req;
+    ereq.base.gpu_expandable_segments = true;
+    expandable = search_plans(ereq);
+  }
+  double expandable_gain_frac = 0.0;
+  if (expandable && !expandable->ranked.empty()) {
+    const double top_now = res.ranked.empty() ? 0.0 : res.ranked.front().throughput.tokens_per_s;
+    const Prediction& etop = expandable->ranked.front();
+    expandable_gain_frac = top_now > 0 ? etop.throughput.tokens_per_s / top_now - 1.0 : 0.0;
+    // Said only where it changes the answer: a plan where none fits, or a faster top plan.
+    if (res.ranked.empty() || expandable_gain_frac >= 0.01) {
+      char gain[64] = "";
+      if (top_now > 0) std::snprintf(gain, sizeof gain, ", %+.1f %% against this top plan", 100.0 * expandable_gain_frac);
+      char buf[480];
+      std::snprintf(buf, sizeof buf,
+                    "with expandable segments (--gpu-allocator expandable; %s) %zu plans fit instead of %zu (the "
+                    "caching allocator keeps less cache above the live bytes); their top plan (%s, micro-batch %lld, "
+                    "GAS %lld%s) is predicted at %.0f tokens/s%s",
+                    eng == Engine::kStepcast ? "train --gpu-allocator expandable"
+                                             : "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                    expandable->ranked.size(), res.ranked.size(), family_name(etop.config).c_str(),
+                    static_cast<long long>(etop.config.micro_batch), static_cast<long long>(etop.config.gas),
+                    etop.config.activation_checkpointing ? ", checkpointing" : "", etop.throughput.tokens_per_s, gain);
+      res.notes.push_back(buf);
+    }
+  }
   if (!req.hardware.coefs_calibrated && req.hardware.engines.count(engine) == 0 && eng != Engine::kStepcast)
     res.notes.push_back("engine " + engine + " is not calibrated on " + req.hardware.name +
                         " (no [engines." + engine + "] section): its predictions use the Stepcast backend's "
@@ -276,6 +310,15 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     j["notes"] = all_notes;
     if (res.best_tight) j["best_tight"] = plan_to_json(*res.best_tight, ctx);
     // A peer engine's user: the same job's best plan on the Stepcast backend, and the ratio.
+    if (expandable) {
+      nlohmann::json ej = {{"fitting", expandable->ranked.size()}};
+      if (!expandable->ranked.empty()) {
+        ej["plan"] = plan_to_json(expandable->ranked.front(), ctx);
+        ej["tokens_per_s"] = expandable->ranked.front().throughput.tokens_per_s;
+        ej["gain_frac"] = expandable_gain_frac;
+      }
+      j["expandable_segments"] = ej;
+    }
     if (ours && !res.ranked.empty())
       j["stepcast_backend"] = {{"plan", plan_to_json(*ours, ctx)},
                                {"tokens_per_s", ours->throughput.tokens_per_s},

@@ -367,7 +367,10 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   if (phases) mt.add({"GPU", "step: its own fp32 buffers (after the backward)", format_gib(m.gpu_step_bytes)});
   mt.add({"GPU", phases ? "peak allocated (the backward's or the step's)" : "peak allocated",
           format_gib(m.gpu_allocated_bytes)});
-  mt.add({"GPU", "allocator's cache above it", format_gib(m.gpu_reserve_bytes)});
+  mt.add({"GPU",
+          p.config.gpu_expandable_segments ? "allocator's cache above it (expandable segments)"
+                                           : "allocator's cache above it",
+          format_gib(m.gpu_reserve_bytes)});
   mt.add({"GPU", "peak reserved per GPU (limit " + format_gib(p.gpu_memory_limit_bytes) + ")", format_gib(m.gpu_total_bytes)});
   if (p.gpu_memory_hi_bytes > 0)
     mt.add({"GPU", "peak reserved, 95 % interval", format_gib(p.gpu_memory_lo_bytes) + "-" + format_gib(p.gpu_memory_hi_bytes)});

@@ -273,5 +273,27 @@ else
   bad "explain --json: no memory interval around the prediction"
 fi
 
+# Expandable segments: a bad value is one line naming the flag; the plan carries the setting and
+# needs less memory above its peak allocated than with the default allocator; a peer's DeepSpeed
+# config is written with a note to set the variable, and recommend --json says what it changes.
+expect_error "bad --gpu-allocator" '--gpu-allocator "huge" is not valid \(valid: default, expandable\)' \
+  explain --model 2.8b --gpus 1 --gpu-allocator huge
+"$PLANNER" explain --model 2.8b --gpus 1 --engine deepspeed --stage 2 --micro-batch 3 --gas 2 --json >"$TMP/def.json" 2>/dev/null
+"$PLANNER" explain --model 2.8b --gpus 1 --engine deepspeed --stage 2 --micro-batch 3 --gas 2 --gpu-allocator expandable \
+  --json >"$TMP/expd.json" 2>/dev/null
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))["plans"][0]; e = json.load(open(sys.argv[2]))["plans"][0]
+assert e["config"]["gpu_allocator"] == "expandable" and "gpu_allocator" not in d["config"]
+dm, em = d["gpu_memory_bytes"], e["gpu_memory_bytes"]
+assert em["peak_allocated"] == dm["peak_allocated"] and em["total"] < dm["total"], (dm, em)' "$TMP/def.json" "$TMP/expd.json" \
+  && ok || bad "explain --gpu-allocator expandable"
+out="$("$PLANNER" explain --model 2.8b --gpus 1 --engine deepspeed --stage 2 --micro-batch 3 --gas 2 \
+  --gpu-allocator expandable --deepspeed-config "$TMP/ds_exp.json" 2>&1)"
+grep -q "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" <<<"$out" && ok || bad "explain: expandable launch note"
+"$PLANNER" recommend --model 2.8b --gpus 1 --engine fsdp2 --hardware h100-sxm --json 2>/dev/null |
+  python3 -c 'import json,sys; e=json.load(sys.stdin)["expandable_segments"]; assert e["fitting"] >= 1 and "gain_frac" in e' \
+  && ok || bad "recommend --json: expandable_segments"
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

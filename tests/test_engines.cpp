@@ -813,6 +813,20 @@ TEST_CASE("FSDP2 accumulating without sync holds every parameter's whole fp32 gr
   CHECK_THROWS_WITH_AS(train_config_from_json(j, "r.config"),
                        doctest::Contains("r.config.grad_sync_each_micro (each micro-batch) is an FSDP2 setting"),
                        InputError);
+  // The allocator setting keys the configuration and round-trips through JSON (absent: default).
+  {
+    TrainConfig e;
+    e.gpu_expandable_segments = true;
+    CHECK(config_key("m", e).ends_with(" alloc=expandable"));
+    CHECK(train_config_to_json(e).at("gpu_allocator") == "expandable");
+    CHECK(train_config_from_json(train_config_to_json(e), "r").gpu_expandable_segments);
+    CHECK_FALSE(train_config_to_json(TrainConfig{}).contains("gpu_allocator"));
+    nlohmann::json bad = train_config_to_json(e);
+    bad["gpu_allocator"] = "huge";
+    CHECK_THROWS_WITH_AS(train_config_from_json(bad, "r.config"),
+                         doctest::Contains("r.config.gpu_allocator \"huge\" is not valid (valid: default, expandable)"),
+                         InputError);
+  }
   // The search offers both for FSDP2 at GAS > 1; syncing each micro-batch needs 4 B a parameter less.
   SearchRequest r;
   r.model = model("pythia-2.8b");

@@ -593,6 +593,50 @@ TEST_CASE("memory model: the backward's and the step's peaks, the reserved sum, 
   CHECK(predict_memory(f, c.data()).gpu_required_bytes == doctest::Approx(75.5e9));
 }
 
+TEST_CASE("memory model with expandable segments: the loss's buffers stay whole, the rest of the cache keeps its share") {
+  // The hand case above (allocated 54 GB, reserved 61.5, required 55.5), with expandable segments
+  // and a share of 0.4: the cache above the peak is the pool's holes 0.5 GB (the loss's buffers,
+  // 0 here) and the rest 7.5 - 0.5 = 7 GB (the step's segments 6, the engine's cache 1), so
+  // reserved = 54 + 0.4 x 7 + 0.4 x 0.5 = 57 GB; the card without room reclaims 0.4 x 6:
+  // required = 57 - 2.4 = 54.6 GB.
+  MemoryFeatures f;
+  f.gpu_params_bytes = 10e9;
+  f.gpu_grads_bytes = 10e9;
+  f.gpu_opt_states_bytes = 20e9;
+  f.gpu_backward_bytes = 4e9;
+  f.gpu_step_bytes = 6e9;
+  f.gpu_step_reclaimable_bytes = 6e9;
+  f.gpu_engine_cache_bytes = 1e9;
+  f.act_bytes = 10e9;
+  f.expandable_segments = 1.0;
+  CoefVector c = memory_coefs({.act_mult = 1.0, .loss_extra_per_logit = 0.0, .frag_frac = 0.05,
+                               .ckpt_reserve_mult = 0.0, .workspace_bytes = 0.0, .loss_reserve_per_logit = 0.0});
+  c[kExpandableReserveFrac] = 0.4;
+  MemoryEstimate<double> e = predict_memory(f, c.data());
+  CHECK(e.gpu_allocated_bytes == doctest::Approx(54e9));
+  CHECK(e.gpu_total_bytes == doctest::Approx(57e9));
+  CHECK(e.gpu_reserve_bytes == doctest::Approx(3e9));
+  CHECK(e.gpu_required_bytes == doctest::Approx(54.6e9));
+  // The loss's freed buffers (2 B a logit x 1e9 logits = 2 GB, above the holes' share 0.2 GB)
+  // stay whole: reserved = 54 + 2.8 + 2 = 58.8 GB. Share 1 gives back the default allocator's
+  // reserve; share 0 leaves only the loss's buffers above the peak.
+  f.logits_elems = 1e9;
+  f.logit_bytes = 0.0;
+  c[kLossReserveBytesPerLogit] = 2.0;
+  e = predict_memory(f, c.data());
+  CHECK(e.gpu_total_bytes == doctest::Approx(58.8e9));
+  c[kExpandableReserveFrac] = 1.0;
+  MemoryFeatures def = f;
+  def.expandable_segments = 0.0;
+  CHECK(predict_memory(f, c.data()).gpu_total_bytes == doctest::Approx(predict_memory(def, c.data()).gpu_total_bytes));
+  CHECK(predict_memory(f, c.data()).gpu_required_bytes ==
+        doctest::Approx(predict_memory(def, c.data()).gpu_required_bytes));
+  c[kExpandableReserveFrac] = 0.0;
+  e = predict_memory(f, c.data());
+  CHECK(e.gpu_total_bytes == doctest::Approx(e.gpu_allocated_bytes + 2e9));
+  CHECK(e.gpu_required_bytes >= e.gpu_allocated_bytes);
+}
+
 TEST_CASE("FSDP2 model states: fp32 shards as the master copy, fp32 gradient shards, stage 2's unsharded bf16 copy") {
   // llama-2-7b, bf16, AdamW, n ranks (T trainable parameters). fully_shard keeps an fp32 shard
   // (4 T / n, the optimizer's parameter), an fp32 gradient shard (4 T / n) and the moments
