@@ -943,10 +943,14 @@ TEST_CASE("one H100, expandable segments: measured pairs against the model, and 
   // data/runs/h100-sxm/2026-12-06_expandable_{stepcast,deepspeed,fsdp2}_1gpu.jsonl: each plan with
   // torch's default allocator and then with expandable segments, on one machine.
   const HardwareProfile h100 = test::hardware("h100-sxm");
+  // The pairs the share was fitted on, then those held out from it (predicted before their call).
+  for (const std::string set : {"expandable", "expandable_holdout"})
   for (const std::string engine : {"stepcast", "deepspeed"}) {
+    CAPTURE(set);
     CAPTURE(engine);
+    const bool held_out = set == "expandable_holdout";
     const std::vector<RunRecord> runs = load_runs(
-        {test::data_dir() / "runs" / "h100-sxm" / ("2026-12-06_expandable_" + engine + "_1gpu.jsonl")}, test::data_dir());
+        {test::data_dir() / "runs" / "h100-sxm" / ("2026-12-06_" + set + "_" + engine + "_1gpu.jsonl")}, test::data_dir());
     const HardwareProfile hw = engine == "stepcast" ? h100 : for_engine(h100, engine);
     int pairs = 0;
     for (const RunRecord& e : runs) {
@@ -964,12 +968,15 @@ TEST_CASE("one H100, expandable segments: measured pairs against the model, and 
         CHECK(evaluate(e.model, hw, e.config).memory.gpu_total_bytes <=
               evaluate(d.model, hw, d.config).memory.gpu_total_bytes);
       }
-      // The peak reserved with expandable segments within 8 % of the measured (the share is
-      // fitted on these five: coefficients.cpp; +1.5 to +7.9 and -6.2 %).
-      const double predicted = evaluate(e.model, hw, e.config).memory.gpu_total_bytes;
-      CHECK(std::abs(predicted / e.gpu_peak_reserved_bytes - 1.0) < 0.08);
+      // The peak reserved with expandable segments within 8 % of the measured where the share
+      // was fitted (coefficients.cpp; +1.5 to +7.9 and -6.2 %), and within 2 % for our backend's
+      // held-out pairs (+0.5 to +1.6 %). DeepSpeed's held-out stage 2 at 16 x 1, checkpointed, is
+      // +14.8 %: the default allocator's prediction is +17 % there already (docs/figures).
+      const double err = evaluate(e.model, hw, e.config).memory.gpu_total_bytes / e.gpu_peak_reserved_bytes - 1.0;
+      if (!held_out) CHECK(std::abs(err) < 0.08);
+      if (held_out && engine == "stepcast") CHECK(std::abs(err) < 0.02);
     }
-    CHECK(pairs == (engine == "stepcast" ? 3 : 2));
+    CHECK(pairs == (held_out ? (engine == "stepcast" ? 3 : 1) : (engine == "stepcast" ? 3 : 2)));
   }
   // FSDP2 stage 2 at 4 x 2048, GAS 2, ran out of memory with the default allocator
   // (2026-12-06_h100_tight_fsdp2_1gpu_failed.jsonl) and ran with expandable segments (73.8 GiB
