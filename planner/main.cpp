@@ -43,14 +43,14 @@ const Prediction* best_offload(const SearchResult& res) {
 // (CommonOptions, base_config, limits_of: planner/options.h; run_compare: planner/compare_command.cpp)
 
 // Writes the launcher configs for `plan`, atomically; returns the notes to print.
-// What expandable segments cost a peer engine, measured and not in its predicted step time:
-// on one H100 DeepSpeed ran 12-19 % slower with them where it allocates most (ZeRO-2 without
-// checkpointing at micro-batch 3, ZeRO-3), within 2 % where checkpointed at micro-batch 8-16;
-// our backend within 0.5 % (docs/cost_model.md, Memory).
+// What expandable segments cost a peer engine, measured and not in its predicted step time: on
+// one H100 DeepSpeed's ZeRO-3 ran 13-19 % slower with them (its per-module gathers and frees)
+// and its ZeRO-2 at micro-batch 3, filling the card, 12 %; ZeRO-1/2 elsewhere and FSDP2 with room
+// within 2 % (docs/cost_model.md, Memory); our backend within 0.5 %.
 const char* kPeerExpandableCaveat =
-    "expandable segments: DeepSpeed ran 12-19 % slower with them on one H100 at ZeRO-2 without "
-    "checkpointing and at ZeRO-3 (within 2 % where checkpointed at micro-batch 8-16); the predicted "
-    "step time does not include it";
+    "expandable segments: DeepSpeed's ZeRO-3 ran 13-19 % slower with them on one H100 (ZeRO-2 "
+    "filling the card 12 %; ZeRO-1/2 elsewhere and FSDP2 within 2 %); the predicted step time does "
+    "not include it";
 
 std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec& model, const HardwareProfile& hw,
                                          const Prediction& plan) {

@@ -978,6 +978,29 @@ TEST_CASE("one H100, expandable segments: measured pairs against the model, and 
     }
     CHECK(pairs == (held_out ? (engine == "stepcast" ? 3 : 1) : (engine == "stepcast" ? 3 : 2)));
   }
+  // The pairs measured for the peers' step-time cost (held out too): expandable segments never
+  // reserved more, and the model says the same.
+  for (const std::string engine : {"deepspeed", "fsdp2"}) {
+    CAPTURE(engine);
+    const std::vector<RunRecord> runs = load_runs(
+        {test::data_dir() / "runs" / "h100-sxm" / ("2026-12-06_expandable_cost_" + engine + "_1gpu.jsonl")},
+        test::data_dir());
+    const HardwareProfile hw = for_engine(h100, engine);
+    int pairs = 0;
+    for (const RunRecord& e : runs)
+      for (const RunRecord& d : runs) {
+        TrainConfig twin = e.config;
+        twin.gpu_expandable_segments = false;
+        if (!e.config.gpu_expandable_segments || d.config.gpu_expandable_segments ||
+            d.key != config_key(e.model.name, twin))
+          continue;
+        ++pairs;
+        CHECK(e.gpu_peak_reserved_bytes < d.gpu_peak_reserved_bytes);
+        CHECK(evaluate(e.model, hw, e.config).memory.gpu_total_bytes <
+              evaluate(d.model, hw, d.config).memory.gpu_total_bytes);
+      }
+    CHECK(pairs == (engine == "deepspeed" ? 2 : 1));
+  }
   // FSDP2 stage 2 at 4 x 2048, GAS 2, ran out of memory with the default allocator
   // (2026-12-06_h100_tight_fsdp2_1gpu_failed.jsonl) and ran with expandable segments (73.8 GiB
   // allocated): tight, not "does not fit".
