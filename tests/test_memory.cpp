@@ -42,6 +42,29 @@ CoefVector memory_coefs(const MemoryCoefs& m) {
   return c;
 }
 
+// The two-phase hand case: static 40 GB (parameters 10, gradients 10, optimizer states 20),
+// backward-only accumulators 4 GB, activations 10 GB, step buffers 6 GB (reclaimable), the
+// engine's cache 1 GB.
+MemoryFeatures two_phase_case() {
+  MemoryFeatures f;
+  f.gpu_params_bytes = 10e9;
+  f.gpu_grads_bytes = 10e9;
+  f.gpu_opt_states_bytes = 20e9;
+  f.gpu_backward_bytes = 4e9;
+  f.gpu_step_bytes = 6e9;
+  f.gpu_step_reclaimable_bytes = 6e9;
+  f.gpu_engine_cache_bytes = 1e9;
+  f.act_bytes = 10e9;
+  return f;
+}
+
+// Its coefficients: every activation byte counted once, a pool reserve of 5 % of the live bytes,
+// no loss buffers, checkpoints or workspace.
+CoefVector two_phase_coefs() {
+  return memory_coefs({.act_mult = 1.0, .loss_extra_per_logit = 0.0, .frag_frac = 0.05, .ckpt_reserve_mult = 0.0,
+                       .workspace_bytes = 0.0, .loss_reserve_per_logit = 0.0});
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO paper: model states per GPU for stages 0-3 (Rajbhandari et al. 2020)") {
@@ -563,17 +586,8 @@ TEST_CASE("memory model: the backward's and the step's peaks, the reserved sum, 
   // Hand numbers: static 40 GB, backward-only accumulators 4 GB, live 10 GB, step buffers 6 GB.
   //   allocated = max(40 + 4 + 10, 40 + 6) = 54 GB; reserved = 40 + 4 + 10 + 6 + pool reserve
   //   (5 % x 10 GB = 0.5 GB) + engine cache 1 GB = 61.5 GB; required = 61.5 - min(6, 14) = 55.5 GB.
-  MemoryFeatures f;
-  f.gpu_params_bytes = 10e9;
-  f.gpu_grads_bytes = 10e9;
-  f.gpu_opt_states_bytes = 20e9;
-  f.gpu_backward_bytes = 4e9;
-  f.gpu_step_bytes = 6e9;
-  f.gpu_step_reclaimable_bytes = 6e9;
-  f.gpu_engine_cache_bytes = 1e9;
-  f.act_bytes = 10e9;
-  const CoefVector c = memory_coefs({.act_mult = 1.0, .loss_extra_per_logit = 0.0, .frag_frac = 0.05,
-                                     .ckpt_reserve_mult = 0.0, .workspace_bytes = 0.0, .loss_reserve_per_logit = 0.0});
+  MemoryFeatures f = two_phase_case();
+  const CoefVector c = two_phase_coefs();
   MemoryEstimate<double> e = predict_memory(f, c.data());
   CHECK(e.gpu_allocated_bytes == doctest::Approx(54e9));
   CHECK(e.gpu_total_bytes == doctest::Approx(61.5e9));
@@ -599,18 +613,9 @@ TEST_CASE("memory model with expandable segments: the loss's buffers stay whole,
   // 0 here) and the rest 7.5 - 0.5 = 7 GB (the step's segments 6, the engine's cache 1), so
   // reserved = 54 + 0.4 x 7 + 0.4 x 0.5 = 57 GB; the card without room reclaims 0.4 x 6:
   // required = 57 - 2.4 = 54.6 GB.
-  MemoryFeatures f;
-  f.gpu_params_bytes = 10e9;
-  f.gpu_grads_bytes = 10e9;
-  f.gpu_opt_states_bytes = 20e9;
-  f.gpu_backward_bytes = 4e9;
-  f.gpu_step_bytes = 6e9;
-  f.gpu_step_reclaimable_bytes = 6e9;
-  f.gpu_engine_cache_bytes = 1e9;
-  f.act_bytes = 10e9;
+  MemoryFeatures f = two_phase_case();
   f.expandable_segments = 1.0;
-  CoefVector c = memory_coefs({.act_mult = 1.0, .loss_extra_per_logit = 0.0, .frag_frac = 0.05,
-                               .ckpt_reserve_mult = 0.0, .workspace_bytes = 0.0, .loss_reserve_per_logit = 0.0});
+  CoefVector c = two_phase_coefs();
   c[kExpandableReserveFrac] = 0.4;
   MemoryEstimate<double> e = predict_memory(f, c.data());
   CHECK(e.gpu_allocated_bytes == doctest::Approx(54e9));
