@@ -980,10 +980,11 @@ TEST_CASE("one H100, expandable segments: measured pairs against the model, and 
   }
   // The pairs measured for the peers' step-time cost (held out too): expandable segments never
   // reserved more, and the model says the same.
-  for (const std::string engine : {"deepspeed", "fsdp2"}) {
-    CAPTURE(engine);
+  for (const std::string file : {"cost_deepspeed", "cost_fsdp2", "fsdp2_room"}) {
+    CAPTURE(file);
+    const std::string engine = file.ends_with("deepspeed") ? "deepspeed" : "fsdp2";
     const std::vector<RunRecord> runs = load_runs(
-        {test::data_dir() / "runs" / "h100-sxm" / ("2026-12-06_expandable_cost_" + engine + "_1gpu.jsonl")},
+        {test::data_dir() / "runs" / "h100-sxm" / ("2026-12-06_expandable_" + file + "_1gpu.jsonl")},
         test::data_dir());
     const HardwareProfile hw = for_engine(h100, engine);
     int pairs = 0;
@@ -999,7 +1000,7 @@ TEST_CASE("one H100, expandable segments: measured pairs against the model, and 
         CHECK(evaluate(e.model, hw, e.config).memory.gpu_total_bytes <
               evaluate(d.model, hw, d.config).memory.gpu_total_bytes);
       }
-    CHECK(pairs == (engine == "deepspeed" ? 2 : 1));
+    CHECK(pairs == (file == "cost_fsdp2" ? 1 : 2));
   }
   // FSDP2 stage 2 at 4 x 2048, GAS 2, ran out of memory with the default allocator
   // (2026-12-06_h100_tight_fsdp2_1gpu_failed.jsonl) and ran with expandable segments (73.8 GiB
