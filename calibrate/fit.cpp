@@ -382,7 +382,11 @@ Calibration calibrate_for_engine(const std::vector<Observation>& obs, const std:
   // Start and prior: the hardware's values (what the engine would run at if it behaved as ours),
   // not an earlier engine section's, so that a refit on the same runs gives the same section.
   for (Coef c : options.free) options.component_priors.push_back({c, hw.hardware_coefs[c], options.sigma_prior});
-  out.fit = fit_coefficients(obs, hw.hardware_coefs, options);
+  // The section's expandable-segment share comes from paired runs this fit does not see
+  // (coefficients.cpp): it stays.
+  CoefVector start = hw.hardware_coefs;
+  start[kExpandableReserveFrac] = hw.coefs[kExpandableReserveFrac];
+  out.fit = fit_coefficients(obs, start, options);
   out.options = options;
   return out;
 }

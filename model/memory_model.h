@@ -22,7 +22,7 @@
 //                        data/runs/h100-sxm/2026-12-06_h100_tight_*_1gpu*.jsonl)
 //   expandable segments: the loss's freed buffers stay reserved; the rest of the default
 //                        allocator's cache above the peak allocated keeps the share
-//                        expandable_reserve_frac (reserved and required alike)
+//                        expandable_reserve_frac; what a card needs is the peak allocated
 //   host               = ranks per node x (the larger of the steady buffers (offloaded
 //                        states, gradient accumulators, offloaded parameters, pinned
 //                        buffers) and what placing the model holds, + process overhead)
@@ -93,10 +93,14 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
     const T holes = coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes;
     const T pool_kept = max(keep * holes, coef[kLossReserveBytesPerLogit] * m.logits_elems);
     const T rest = out.gpu_total_bytes - alloc - pool_reserve;  // the step's segments, the engine's cache
-    const T reclaimed = out.gpu_total_bytes - out.gpu_required_bytes;
     out.gpu_total_bytes = alloc + keep * rest + pool_kept;
-    out.gpu_required_bytes = max(alloc, out.gpu_total_bytes - keep * reclaimed);
     out.gpu_reserve_bytes = out.gpu_total_bytes - alloc;
+    // A card without room: the allocator's free-and-retry unmaps every free page of its
+    // expandable segments and maps them where the allocation needs them, so no cache stands in
+    // the way (FSDP2's stage 2 at 4 x 2048, out of memory on one H100 with the default allocator,
+    // ran with expandable segments at 73.8 GiB allocated, retrying;
+    // data/runs/h100-sxm/2026-12-06_expandable_fsdp2_1gpu.jsonl).
+    out.gpu_required_bytes = alloc;
   }
   out.host_buffers_bytes = T(m.host_opt_states_bytes + m.host_grads_bytes + m.host_params_bytes + m.host_pinned_buffers_bytes);
   out.host_placement_bytes = T(m.host_placement_bytes);

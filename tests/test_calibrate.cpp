@@ -509,6 +509,8 @@ TEST_CASE("the committed engine sections are the fits of the committed peer runs
       CAPTURE(coef_table()[c].name);
       CHECK(fit.coefs[c] == doctest::Approx(committed.coefs[c]).epsilon(1e-5));
     }
+    // The section's expandable-segment share (fitted on paired runs, not by this fit) stays.
+    CHECK(fit.coefs[kExpandableReserveFrac] == committed.coefs[kExpandableReserveFrac]);
     // The hardware's coefficients are the [coefficients] values, untouched by the engine.
     CHECK(committed.coefs[kGemmEffMaxFrac] == hw.coefs[kGemmEffMaxFrac]);
   }
