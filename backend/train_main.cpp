@@ -140,7 +140,13 @@ constexpr const char* kAllocConfVar = "PYTORCH_CUDA_ALLOC_CONF";
 // without --gpu-allocator expandable (or the reverse, where torch ignores the setting) stops
 // before its first step, naming the variable.
 void check_allocator(Runtime& rt, const TrainConfig& cfg, const std::string& user_conf) {
-  if (!rt.is_cuda()) return;
+  if (!rt.is_cuda()) {
+    // As --gpu-mem-limit-gib: the CPU has no CUDA caching allocator for the record to describe.
+    if (cfg.gpu_expandable_segments)
+      throw InputError("--gpu-allocator expandable (or a plan's config.gpu_allocator) needs a CUDA device; this "
+                       "run's device is the CPU");
+    return;
+  }
   const bool expandable = rt.expandable_segments();
   if (expandable == cfg.gpu_expandable_segments) return;
   if (expandable)

@@ -91,8 +91,10 @@ done
 t 2 "--emulate-nodes 3 must divide --nproc 2" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --nproc 2 --emulate-nodes 3
 t 2 "--emulate-nodes 2 must divide --nproc 1" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --emulate-nodes 2
 t 2 "--emulate-nodes 3 must divide --nproc 2" "$MICROBENCH" --device cpu --suite collectives --out "$TMP/out.file" --nproc 2 --emulate-nodes 3
-# A memory cap emulates a smaller GPU: there is none on the CPU.
+# A memory cap emulates a smaller GPU: there is none on the CPU; nor a CUDA allocator's segments.
 t 2 "--gpu-mem-limit-gib" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --gpu-mem-limit-gib 8
+t 2 "--gpu-allocator expandable .* needs a CUDA device" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --gpu-allocator expandable
+t 2 "--gpu-allocator \"huge\" is not valid" "$TRAIN" --model test-llama-tiny "${TRAIN_BASE[@]}" --gpu-allocator huge
 for flag in --holdout-frac; do
   for v in abc -0.1 1 nan; do
     t 2 "$flag" "$CALIBRATE" fit --runs "$SRC/data/runs/h200-sxm/2026-11-30_calibration_v3.jsonl" --hardware h200-sxm "$flag" "$v" --out "$TMP/out.file"
