@@ -69,8 +69,9 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
   const T& live = out.gpu_live_bytes;
   // The pool keeps whichever is larger: the holes activations and checkpoints leave, or the
   // loss's fp32 buffers, freed after the loss's backward and too large for what follows.
-  const T pool_reserve = max(coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes,
-                             coef[kLossReserveBytesPerLogit] * m.logits_elems);
+  const T holes = coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes;
+  const T loss_buffers = coef[kLossReserveBytesPerLogit] * m.logits_elems;
+  const T pool_reserve = max(holes, loss_buffers);
   out.gpu_activations_bytes = live + pool_reserve;
   out.gpu_workspace_bytes = coef[kGpuWorkspaceBytes];
   out.gpu_step_bytes = T(m.gpu_step_bytes);
@@ -90,8 +91,7 @@ MemoryEstimate<T> predict_memory(const MemoryFeatures& m, const T* coef) {
     // segments); the rest of the cache above the peak keeps the share expandable_reserve_frac.
     const T& alloc = out.gpu_allocated_bytes;
     const T keep = coef[kExpandableReserveFrac];
-    const T holes = coef[kGpuFragFrac] * live + coef[kCkptReserveMult] * m.ckpt_bytes;
-    const T pool_kept = max(keep * holes, coef[kLossReserveBytesPerLogit] * m.logits_elems);
+    const T pool_kept = max(keep * holes, loss_buffers);
     const T rest = out.gpu_total_bytes - alloc - pool_reserve;  // the step's segments, the engine's cache
     out.gpu_total_bytes = alloc + keep * rest + pool_kept;
     out.gpu_reserve_bytes = out.gpu_total_bytes - alloc;

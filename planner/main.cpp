@@ -42,7 +42,6 @@ const Prediction* best_offload(const SearchResult& res) {
 
 // (CommonOptions, base_config, limits_of: planner/options.h; run_compare: planner/compare_command.cpp)
 
-// Writes the launcher configs for `plan`, atomically; returns the notes to print.
 // What expandable segments cost a peer engine, measured and not in its predicted step time: on
 // one H100 DeepSpeed's ZeRO-3 ran 13-19 % slower with them (its per-module gathers and frees)
 // and its ZeRO-2 at micro-batch 3, filling the card, 12 %; ZeRO-1/2 elsewhere and FSDP2 with room
@@ -52,6 +51,7 @@ const char* kPeerExpandableCaveat =
     "filling the card 12 %; ZeRO-1/2 elsewhere and FSDP2 within 2 %); the predicted step time does "
     "not include it";
 
+// Writes the launcher configs for `plan`, atomically; returns the notes to print.
 std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec& model, const HardwareProfile& hw,
                                          const Prediction& plan) {
   std::vector<std::string> notes;
@@ -319,7 +319,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
     for (const auto& n : notes) all_notes.push_back(n);
     j["notes"] = all_notes;
     if (res.best_tight) j["best_tight"] = plan_to_json(*res.best_tight, ctx);
-    // A peer engine's user: the same job's best plan on the Stepcast backend, and the ratio.
+    // The same search with expandable segments: how many plans fit, its top plan and the gain.
     if (expandable) {
       nlohmann::json ej = {{"fitting", expandable->ranked.size()}};
       if (!expandable->ranked.empty()) {
@@ -329,6 +329,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
       }
       j["expandable_segments"] = ej;
     }
+    // A peer engine's user: the same job's best plan on the Stepcast backend, and the ratio.
     if (ours && !res.ranked.empty())
       j["stepcast_backend"] = {{"plan", plan_to_json(*ours, ctx)},
                                {"tokens_per_s", ours->throughput.tokens_per_s},
