@@ -24,6 +24,7 @@
 #include "planner/compare_command.h"
 #include "planner/options.h"
 #include "planner/deepspeed_config.h"
+#include "planner/diagnose_command.h"
 #include "planner/k8s_manifest.h"
 #include "planner/plan_search.h"
 #include "planner/report.h"
@@ -53,7 +54,7 @@ const char* kPeerExpandableCaveat =
 
 // Writes the launcher configs for `plan`, atomically; returns the notes to print.
 std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec& model, const HardwareProfile& hw,
-                                         const Prediction& plan) {
+                                         const ResourceLimits& limits, const Prediction& plan) {
   std::vector<std::string> notes;
   if (plan.config.gpu_expandable_segments && plan.config.engine != Engine::kStepcast &&
       (!o.fsdp_config.empty() || !o.deepspeed_config.empty()))
@@ -82,7 +83,7 @@ std::vector<std::string> write_launchers(const CommonOptions& o, const ModelSpec
     ds.offload_pipeline = false;
     ds.offload_overlap_forward = false;
     ds.optimizer = OptimizerKind::kAdamW;
-    const Prediction d = evaluate(model, hw, ds, limits_of(o));
+    const Prediction d = evaluate(model, hw, ds, limits);
     char buf[320];
     std::snprintf(buf, sizeof buf,
                   "under DeepSpeed (its CPU Adam runs after the backward%s): predicted %.0f tokens/s, %.1f %% below "
@@ -204,11 +205,20 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   if (eng != Engine::kStepcast && backend_runs_it) {
     SearchRequest sreq = req;
     sreq.base = base_config(ours_options, req.model, Engine::kStepcast);
+    const ScaledMachine smc = machine_of(o, req.hardware, sreq.base);
+    sreq.hardware = smc.hardware;
+    sreq.limits = smc.limits;
     const SearchResult sres = search_plans(sreq);
     if (!sres.ranked.empty()) ours = sres.ranked.front();
   }
   req.hardware = for_engine(req.hardware, engine);
+  if (has_speeds(o)) {
+    const ScaledMachine mc = scale_machine(req.hardware, req.base, req.limits, speeds_of(o));
+    req.hardware = mc.hardware;
+    req.limits = mc.limits;
+  }
   SearchResult res = search_plans(req);
+  if (has_speeds(o)) res.notes.push_back(speeds_note(o));
   // The same search with expandable segments, where the job runs torch's default allocator: what
   // the cache they leave out would let fit, and how much faster its top plan is.
   std::optional<SearchResult> expandable;
@@ -260,7 +270,7 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   ReportContext ctx{&req.model, &req.hardware, o.train_tokens};
 
   std::vector<std::string> notes;
-  if (!res.ranked.empty()) notes = write_launchers(o, req.model, req.hardware, res.ranked.front());
+  if (!res.ranked.empty()) notes = write_launchers(o, req.model, req.hardware, req.limits, res.ranked.front());
 
   const size_t shown = std::min(res.ranked.size(), static_cast<size_t>(top_k));
   if (o.json) {
@@ -398,54 +408,18 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   return 0;
 }
 
-struct ExplainOptions {
-  int stage = 0;
-  std::string offload_optimizer = "none";
-  std::string offload_params = "none";
-  std::string optimizer = "adamw";
-  int64_t micro_batch = 1;
-  int64_t gas = 1;
-  std::string checkpointing = "off";
-  std::string offload_pipeline = "on";
-  bool offload_pipeline_given = false;
-  std::string engine = "stepcast";
-  std::string grad_sync = "last";
-};
-
 int run_explain(const CommonOptions& o, const ExplainOptions& e) {
   if (o.peft == "auto")
     throw InputError("--peft auto compares methods, which recommend does: explain takes none, lora or qlora");
   const ModelSpec model = resolve_model(o.model, data_dir(o));
-  TrainConfig c = base_config(o, model, parse_engine(e.engine, "--engine"));
-  c.zero_stage = e.stage;
-  c.offload_optimizer = parse_offload(e.offload_optimizer, "--offload-optimizer");
-  c.offload_params = parse_offload(e.offload_params, "--offload-params");
-  c.optimizer = parse_optimizer(e.optimizer, "--optimizer");
-  c.micro_batch = e.micro_batch;
-  c.gas = e.gas;
-  if (e.grad_sync == "each") {
-    c.grad_sync_each_micro = c.gas > 1;  // one micro-batch a step reduces once either way: one key
-  } else if (e.grad_sync != "last") {
-    throw InputError("--grad-sync \"" + e.grad_sync + "\" is not valid (valid: last, each)");
-  }
-  if (e.checkpointing == "on" || e.checkpointing == "true") {
-    c.activation_checkpointing = true;
-  } else if (e.checkpointing == "off" || e.checkpointing == "false") {
-    c.activation_checkpointing = false;
-  } else {
-    throw InputError("--checkpointing \"" + e.checkpointing + "\" is not valid (valid: on, off)");
-  }
-  // DeepSpeed and FSDP2 step their CPU optimizer after the backward: their order unless asked otherwise
-  // (validate_config names a contradiction).
-  const bool serial_engine = c.engine != Engine::kStepcast;
-  parse_offload_pipeline(serial_engine && !e.offload_pipeline_given ? "off" : e.offload_pipeline, "--offload-pipeline", c);
-  if (c.offload_optimizer != OffloadDevice::kCpu) c.offload_overlap_forward = false;  // the flag's default is for offload
-  validate_config(c);
+  const TrainConfig c = explain_config(o, e, model);
   HardwareProfile hw = resolve_hardware(o.hardware, data_dir(o));
-  Prediction p = evaluate(model, hw, c, limits_of(o));
+  const ScaledMachine mc = machine_of(o, hw, c);
+  Prediction p = evaluate(model, mc.hardware, c, mc.limits);
   ReportContext ctx{&model, &hw, o.train_tokens};
-  std::vector<std::string> notes = write_launchers(o, model, hw, p);
+  std::vector<std::string> notes = write_launchers(o, model, mc.hardware, mc.limits, p);
   if (p.config.gpu_expandable_segments && p.config.engine != Engine::kStepcast) notes.push_back(kPeerExpandableCaveat);
+  if (has_speeds(o)) notes.push_back("note: " + speeds_note(o));
   if (o.json) {
     nlohmann::json j;
     j["model"] = model_to_json(model);
@@ -469,6 +443,8 @@ int run_validate(const CommonOptions& o, int64_t global_batch, const std::string
   if (v.top < 1) throw InputError("--top " + std::to_string(v.top) + " must be at least 1");
   if (v.sample < 0 || v.sample > 1000) throw InputError("--sample " + std::to_string(v.sample) + " is out of range [0, 1000]");
   if (v.steps < 2) throw InputError("--steps " + std::to_string(v.steps) + " must be at least 2 (the first is warm-up)");
+  if (has_speeds(o))
+    throw InputError("validate measures this machine: --speed, the speeds of another machine, does not apply");
   SearchRequest req = make_request(o, Engine::kStepcast, global_batch, optimizers);
   req.overlap_forward = ranking_overlaps_forward(v.pipeline, "validate");
   const SearchResult res = search_plans(req);
@@ -574,26 +550,7 @@ int main_impl(int argc, char** argv) {
   ExplainOptions e;
   CLI::App* exp = app.add_subcommand("explain", "predict one configuration");
   add_common(exp, exp_opts);
-  exp->add_option("--stage", e.stage, "ZeRO stage 0..3")->capture_default_str();
-  exp->add_option("--offload-optimizer", e.offload_optimizer, "none | cpu (stages 1-3)")->capture_default_str();
-  exp->add_option("--offload-pipeline", e.offload_pipeline,
-                  "on: CPU optimizer pipelined with the backward (Stepcast's backend); full: its last updates also "
-                  "overlap the next forward; off: serial, after the backward (DeepSpeed, FSDP2; their default)")
-      ->capture_default_str()
-      ->each([&](const std::string&) { e.offload_pipeline_given = true; });
-  exp->add_option("--engine", e.engine,
-                  "stepcast | deepspeed | fsdp2: the engine that runs the configuration (its order of copies and "
-                  "collectives, and its coefficients from the profile)")
-      ->capture_default_str();
-  exp->add_option("--offload-params", e.offload_params, "none | cpu (stage 3)")->capture_default_str();
-  exp->add_option("--optimizer", e.optimizer, "adamw | adamw8bit")->capture_default_str();
-  exp->add_option("--micro-batch", e.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
-  exp->add_option("--gas", e.gas, "gradient accumulation steps")->capture_default_str();
-  exp->add_option("--checkpointing", e.checkpointing, "on | off (full activation checkpointing)")->capture_default_str();
-  exp->add_option("--grad-sync", e.grad_sync,
-                  "FSDP2 with GAS > 1: last (reduce-scatter after the last micro-batch only, holding whole fp32 "
-                  "gradients until then; Accelerate's accumulation) | each (after every micro-batch)")
-      ->capture_default_str();
+  add_explain_config(exp, e);
 
   CommonOptions val_opts;
   ValidateOptions vo;
@@ -614,6 +571,11 @@ int main_impl(int argc, char** argv) {
   val->add_option("--device", vo.device, "auto | cpu | cuda")->capture_default_str();
   val->add_option("--append", vo.append, "append the runs to this JSONL (calibration data for a refit)");
   val->add_option("--offload-pipeline", vo.pipeline, "offload plans: full or on, as in recommend")->capture_default_str();
+
+  DiagnoseOptions diag;
+  CLI::App* diagc = app.add_subcommand(
+      "diagnose", "a measured run against its prediction, phase by phase, and which resource of the machine explains the gap");
+  add_diagnose(diagc, diag);
 
   CompareOptions cmp;
   CLI::App* cmpc = app.add_subcommand("compare", "best plan, wall-clock and cost of a whole fine-tune per GPU kind and count");
@@ -662,6 +624,7 @@ int main_impl(int argc, char** argv) {
   if (exp->parsed()) return run_explain(exp_opts, e);
   if (val->parsed()) return run_validate(val_opts, val_global_batch, val_optimizers, vo);
   if (cmpc->parsed()) return run_compare(cmp);
+  if (diagc->parsed()) return run_diagnose(*diagc, diag);
   if (models->parsed()) return run_models(list_dir, list_json);
   if (hardware->parsed()) return run_hardware(list_dir, list_json);
   return 2;

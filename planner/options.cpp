@@ -1,5 +1,6 @@
 #include "planner/options.h"
 
+#include <cstdio>
 #include <sstream>
 
 #include "common/atomic_file.h"
@@ -55,6 +56,57 @@ void add_common(CLI::App* app, CommonOptions& o) {
                   "write an Accelerate YAML (FSDP2) for the (top) plan to FILE (needs --engine fsdp2); the script "
                   "trains with accelerate's prepare(), batch sizes as the plan says");
   app->add_option("--data-dir", o.data_dir, "folder with models/ and hardware/ (default: the build's data/)");
+  app->add_option("--speed", o.speeds,
+                  "RESOURCE=X: this machine's RESOURCE runs at X times the profile's speed, as `planner diagnose` "
+                  "finds it from a measured run (gpu, cpu_optimizer, pcie, intra_node_link, inter_node_link, "
+                  "host_issue); repeatable");
+}
+
+ResourceSpeeds speeds_of(const CommonOptions& o) {
+  ResourceSpeeds out;
+  for (const std::string& item : o.speeds) {
+    const size_t eq = item.find('=');
+    const std::string name = item.substr(0, eq);
+    int found = -1;
+    for (int i = 0; i < kNumResources; ++i)
+      if (name == resource_key(static_cast<Resource>(i))) found = i;
+    if (eq == std::string::npos || found < 0)
+      throw InputError("--speed \"" + item + "\" is not RESOURCE=X (resources: gpu, cpu_optimizer, pcie, "
+                       "intra_node_link, inter_node_link, host_issue)");
+    double v = 0;
+    try {
+      size_t used = 0;
+      v = std::stod(item.substr(eq + 1), &used);
+      if (used != item.size() - eq - 1) v = -1;
+    } catch (const std::exception&) {
+      v = -1;
+    }
+    if (!(v >= 1.0 / 64.0 && v <= 64.0))
+      throw InputError("--speed \"" + item + "\": the factor must be a number in [1/64, 64]");
+    out.speed[found] = v;
+  }
+  return out;
+}
+
+bool has_speeds(const CommonOptions& o) { return !o.speeds.empty(); }
+
+ScaledMachine machine_of(const CommonOptions& o, const HardwareProfile& hw, const TrainConfig& config) {
+  if (!has_speeds(o)) return {hw, limits_of(o)};
+  const HardwareProfile hw_engine = config.engine == Engine::kStepcast ? hw : for_engine(hw, engine_name(config.engine));
+  return scale_machine(hw_engine, config, limits_of(o), speeds_of(o));
+}
+
+std::string speeds_note(const CommonOptions& o) {
+  if (!has_speeds(o)) return "";
+  const ResourceSpeeds s = speeds_of(o);
+  std::string out = "machine speeds relative to the profile (--speed):";
+  for (int i = 0; i < kNumResources; ++i)
+    if (s.speed[i] != 1.0) {
+      char buf[80];
+      std::snprintf(buf, sizeof buf, " %s x%.3g", resource_key(static_cast<Resource>(i)), s.speed[i]);
+      out += buf;
+    }
+  return out;
 }
 
 std::filesystem::path data_dir(const CommonOptions& o) { return resolve_data_dir(o.data_dir); }
@@ -135,6 +187,58 @@ TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine e
 ResourceLimits limits_of(const CommonOptions& o) {
   return ResourceLimits{o.gpu_mem_gib * kBytesPerGiB, o.cpu_mem_gib * kBytesPerGiB, o.cpu_cores,
                         static_cast<double>(o.cpu_threads_per_rank)};
+}
+
+void add_explain_config(CLI::App* app, ExplainOptions& e) {
+  app->add_option("--stage", e.stage, "ZeRO stage 0..3")->capture_default_str();
+  app->add_option("--offload-optimizer", e.offload_optimizer, "none | cpu (stages 1-3)")->capture_default_str();
+  app->add_option("--offload-pipeline", e.offload_pipeline,
+                  "on: CPU optimizer pipelined with the backward (Stepcast's backend); full: its last updates also "
+                  "overlap the next forward; off: serial, after the backward (DeepSpeed, FSDP2; their default)")
+      ->capture_default_str()
+      ->each([&](const std::string&) { e.offload_pipeline_given = true; });
+  app->add_option("--engine", e.engine,
+                  "stepcast | deepspeed | fsdp2: the engine that runs the configuration (its order of copies and "
+                  "collectives, and its coefficients from the profile)")
+      ->capture_default_str();
+  app->add_option("--offload-params", e.offload_params, "none | cpu (stage 3)")->capture_default_str();
+  app->add_option("--optimizer", e.optimizer, "adamw | adamw8bit")->capture_default_str();
+  app->add_option("--micro-batch", e.micro_batch, "sequences per rank per micro-batch")->capture_default_str();
+  app->add_option("--gas", e.gas, "gradient accumulation steps")->capture_default_str();
+  app->add_option("--checkpointing", e.checkpointing, "on | off (full activation checkpointing)")->capture_default_str();
+  app->add_option("--grad-sync", e.grad_sync,
+                  "FSDP2 with GAS > 1: last (reduce-scatter after the last micro-batch only, holding whole fp32 "
+                  "gradients until then; Accelerate's accumulation) | each (after every micro-batch)")
+      ->capture_default_str();
+}
+
+TrainConfig explain_config(const CommonOptions& o, const ExplainOptions& e, const ModelSpec& model) {
+  TrainConfig c = base_config(o, model, parse_engine(e.engine, "--engine"));
+  c.zero_stage = e.stage;
+  c.offload_optimizer = parse_offload(e.offload_optimizer, "--offload-optimizer");
+  c.offload_params = parse_offload(e.offload_params, "--offload-params");
+  c.optimizer = parse_optimizer(e.optimizer, "--optimizer");
+  c.micro_batch = e.micro_batch;
+  c.gas = e.gas;
+  if (e.grad_sync == "each") {
+    c.grad_sync_each_micro = c.gas > 1;  // one micro-batch a step reduces once either way: one key
+  } else if (e.grad_sync != "last") {
+    throw InputError("--grad-sync \"" + e.grad_sync + "\" is not valid (valid: last, each)");
+  }
+  if (e.checkpointing == "on" || e.checkpointing == "true") {
+    c.activation_checkpointing = true;
+  } else if (e.checkpointing == "off" || e.checkpointing == "false") {
+    c.activation_checkpointing = false;
+  } else {
+    throw InputError("--checkpointing \"" + e.checkpointing + "\" is not valid (valid: on, off)");
+  }
+  // DeepSpeed and FSDP2 step their CPU optimizer after the backward: their order unless asked otherwise
+  // (validate_config names a contradiction).
+  const bool serial_engine = c.engine != Engine::kStepcast;
+  parse_offload_pipeline(serial_engine && !e.offload_pipeline_given ? "off" : e.offload_pipeline, "--offload-pipeline", c);
+  if (c.offload_optimizer != OffloadDevice::kCpu) c.offload_overlap_forward = false;  // the flag's default is for offload
+  validate_config(c);
+  return c;
 }
 
 }  // namespace stepcast

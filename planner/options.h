@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "model/step_features.h"
 #include "model/train_config.h"
+#include "planner/diagnose.h"
 
 namespace stepcast {
 
@@ -36,6 +38,7 @@ struct CommonOptions {
   std::string lora_targets = "all";
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
+  std::vector<std::string> speeds;  // --speed RESOURCE=X: the machine as `planner diagnose` found it
 };
 
 void add_common(CLI::App* app, CommonOptions& o);
@@ -52,5 +55,39 @@ void check_range(const char* flag, double v, double lo, double hi, bool allow_ze
 // a sequence beyond a fixed position table.
 TrainConfig base_config(const CommonOptions& o, const ModelSpec& model, Engine engine);
 ResourceLimits limits_of(const CommonOptions& o);
+
+// --speed's resources and factors (all 1 where not given); InputError names a bad item.
+ResourceSpeeds speeds_of(const CommonOptions& o);
+bool has_speeds(const CommonOptions& o);
+
+// The profile and limits a prediction of `config` uses: as given without --speed; with it, the
+// profile for the configuration's engine (for_engine) with the speeds applied (scale_machine).
+// `hw` must not already be for an engine.
+ScaledMachine machine_of(const CommonOptions& o, const HardwareProfile& hw, const TrainConfig& config);
+
+// A line naming the speeds, for the notes ("" without --speed).
+std::string speeds_note(const CommonOptions& o);
+
+// The flags that name one configuration (explain's and diagnose's): stage, offload, optimizer,
+// micro-batch, GAS, checkpointing, engine, gradient sync.
+struct ExplainOptions {
+  int stage = 0;
+  std::string offload_optimizer = "none";
+  std::string offload_params = "none";
+  std::string optimizer = "adamw";
+  int64_t micro_batch = 1;
+  int64_t gas = 1;
+  std::string checkpointing = "off";
+  std::string offload_pipeline = "on";
+  bool offload_pipeline_given = false;
+  std::string engine = "stepcast";
+  std::string grad_sync = "last";
+};
+
+void add_explain_config(CLI::App* app, ExplainOptions& e);
+
+// The configuration those flags and the common ones name, checked (validate_config);
+// InputError names the flag at fault.
+TrainConfig explain_config(const CommonOptions& o, const ExplainOptions& e, const ModelSpec& model);
 
 }  // namespace stepcast
