@@ -84,8 +84,8 @@ nlohmann::json fit_json(const ResourceFit& f, const Diagnosis& d, const Hardware
                               {"meaning", speed_meaning(f.resources[i], f.speeds[i], d, hw)}});
   nlohmann::json after = nlohmann::json::object();
   size_t k = 0;
-  for (const PhaseRow& p : d.phases)
-    if (p.fitted) after[p.key + "_s"] = f.predicted_s.at(k++);
+  for (const PhaseRow& p : d.phases)  // an empty fit (nothing to explain) predicts nothing new
+    if (p.fitted && k < f.predicted_s.size()) after[p.key + "_s"] = f.predicted_s[k++];
   j["predicted_after"] = after;
   if (f.resources.size() == 1 && f.resources[0] == Resource::kCpuOptimizer)
     j["cpu_threads_per_rank"] = f.speeds[0] * d.cpu_threads_per_rank_profile;
