@@ -295,5 +295,75 @@ grep -q "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" <<<"$out" && ok || ba
   python3 -c 'import json,sys; e=json.load(sys.stdin)["expandable_segments"]; assert e["fitting"] >= 1 and "gain_frac" in e' \
   && ok || bad "recommend --json: expandable_segments"
 
+# diagnose: the founding report's one-GPU ZeRO-2 row by the flags (its micro-batch, 51.642 / 4 =
+# 12.9105 s, and the step after it, 25.455 - 12.9105 = 12.5445 s, derived by hand); runs whose CPU
+# optimizer was given a known thread count, read back from their records (the truth is the count
+# the run was given, in its env: OMP_NUM_THREADS=1 on the H200, 2 on the H100, train --cpu-threads 2);
+# the model's own prediction at a known speed, recovered through the CLI; bad input.
+FOUNDING=(--model pythia-2.8b --hardware a40 --engine deepspeed --precision fp16 --attention math --stage 2
+  --offload-optimizer cpu --micro-batch 8 --gas 5 --checkpointing on --cpu-cores 8)
+"$PLANNER" diagnose "${FOUNDING[@]}" --gas-s 51.642 --opt-s 25.455 --json >"$TMP/diag.json" 2>"$TMP/err" &&
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert abs(d["derived"]["micro_batch_measured_s"] - 12.9105) < 1e-6, d["derived"]
+assert abs(d["derived"]["after_last_micro_batch_measured_s"] - 12.5445) < 1e-6, d["derived"]
+assert d["single_resources"][0]["resources"][0]["resource"] == "cpu_optimizer", d["single_resources"][0]
+assert not d["within_noise"] and d["machine_as_diagnosed"]["fitting"] > 0' "$TMP/diag.json" \
+  && ok || bad "diagnose: founding report row $(cat "$TMP/err")"
+"$PLANNER" diagnose "${FOUNDING[@]}" --gas-s 51.642 --opt-s 25.455 >"$TMP/diag.txt" 2>&1 &&
+  grep -q "^One resource at a time" "$TMP/diag.txt" && grep -q "by construction" "$TMP/diag.txt" && ok ||
+  bad "diagnose: text output $(head -5 "$TMP/diag.txt")"
+threads_of() {  # RUNS KEY_PATTERN LO HI: the diagnosed CPU optimizer threads per rank lie in [LO, HI]
+  if ! "$PLANNER" diagnose --run "$1" --json >"$TMP/t.json" 2>"$TMP/err"; then  # several: pick by pattern
+    local key
+    key=$(tr ';(' '\n\n' <"$TMP/err" | grep -F -- "$2" | sed 's/^ *//;s/)$//')
+    "$PLANNER" diagnose --run "$1" --key "$key" --json >"$TMP/t.json" 2>"$TMP/err"
+  fi
+  python3 -c '
+import json, sys
+e = json.load(open(sys.argv[3]))["explanation"]
+lo, hi = float(sys.argv[1]), float(sys.argv[2])
+assert e.get("cpu_threads_per_rank") and lo <= e["cpu_threads_per_rank"] <= hi, e' "$3" "$4" "$TMP/t.json"
+}
+threads_of "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" "s2 off=cpu" 0.5 2 \
+  && ok || bad "diagnose --run: OMP_NUM_THREADS=1 not found $(cat "$TMP/err")"
+threads_of "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_deepspeed_1gpu.jsonl" " s2 " 1.5 3 \
+  && ok || bad "diagnose --run: DeepSpeed at OMP_NUM_THREADS=2 not found $(cat "$TMP/err")"
+threads_of "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_stepcast_1gpu.jsonl" " s2 " 1.5 3 \
+  && ok || bad "diagnose --run: train --cpu-threads 2 not found $(cat "$TMP/err")"
+# Round trip: explain on a machine whose CPU optimizer runs at 0.25 of the profile's speed, its
+# phases given to diagnose, which names that resource and speed.
+DS2=(--model pythia-2.8b --engine deepspeed --stage 2 --offload-optimizer cpu --micro-batch 4 --gas 2)
+"$PLANNER" explain "${DS2[@]}" --speed cpu_optimizer=0.25 --json >"$TMP/slow.json" 2>/dev/null
+read -r -a measured < <(python3 -c '
+import json, sys
+t = json.load(open(sys.argv[1]))["plans"][0]["time_s"]
+print("--step-s %.9g --forward-s %.9g --backward-s %.9g --optimizer-s %.9g" % (t["step"], t["forward"],
+      t["backward"] + t["recompute"], t["optimizer_total"]))' "$TMP/slow.json")
+"$PLANNER" diagnose "${DS2[@]}" "${measured[@]}" --json 2>"$TMP/err" | python3 -c '
+import json, sys
+e = json.load(sys.stdin)["explanation"]["resources"]
+assert len(e) == 1 and e[0]["resource"] == "cpu_optimizer" and abs(e[0]["speed_frac"] / 0.25 - 1) < 0.02, e' \
+  && ok || bad "diagnose: explain --speed round trip $(cat "$TMP/err")"
+out="$("$PLANNER" recommend --model 2.8b --gpus 1 --speed cpu_optimizer=0.1 2>&1)"
+grep -q "note: machine speeds relative to the profile (--speed): cpu_optimizer x0.1" <<<"$out" && ok || bad "recommend --speed: no note"
+expect_error "diagnose: no time" "no measured time" diagnose "${DS2[@]}"
+expect_error "diagnose: negative time" "--step-s -1.* out of range" diagnose "${DS2[@]}" --step-s -1
+expect_error "diagnose: no model" "--model is required" diagnose --step-s 1
+expect_error "diagnose: --run and a configuration flag" "--stage is not taken with --run" \
+  diagnose --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" --stage 1
+expect_error "diagnose: --run and a measured flag" "--step-s is not taken with --run" \
+  diagnose --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" --step-s 1
+expect_error "diagnose: several configurations" "holds 3 configurations: name one with --key" \
+  diagnose --run "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_deepspeed_1gpu.jsonl"
+expect_error "diagnose: a launcher config" "diagnose writes no launcher config" \
+  diagnose "${DS2[@]}" --step-s 1 --deepspeed-config "$TMP/never.json"
+[[ -e "$TMP/never.json" ]] && bad "diagnose wrote a launcher config" || ok
+expect_error "bad --speed resource" '--speed "cpu=0.5" is not RESOURCE=X' explain --model 2.8b --speed cpu=0.5
+expect_error "bad --speed factor" '--speed "gpu=0": the factor must be a number in \[1/64, 64\]' explain --model 2.8b --speed gpu=0
+expect_error "bad --speed text" '--speed "gpu=fast"' recommend --model 2.8b --speed gpu=fast
+expect_error "validate --speed" "validate measures this machine" validate --model 2.8b --speed gpu=0.5
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
