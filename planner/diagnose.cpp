@@ -71,21 +71,26 @@ std::vector<const PhaseSpec*> fitted_phases(const MeasuredStep& m) {
   return out;
 }
 
+// The runs' fitted phases, concatenated: what the speeds are solved on.
 struct Fitter {
-  const ModelSpec& model;
-  const HardwareProfile& hw;
-  const TrainConfig& config;
-  const ResourceLimits& limits;
-  std::vector<const PhaseSpec*> phases;
+  struct Run {
+    const DiagnosedRun* run;
+    std::vector<const PhaseSpec*> phases;
+  };
+  const HardwareProfile& hw;  // for the runs' engine
+  std::vector<Run> runs;
   std::vector<double> log_measured;
 
   std::vector<double> predict(const ResourceSpeeds& s) const {
-    const ScaledMachine m = scale_machine(hw, config, limits, s);
-    const Prediction p = evaluate(model, m.hardware, config, m.limits);
     std::vector<double> out;
-    for (const PhaseSpec* ph : phases) out.push_back(ph->predicted(p.time));
+    for (const Run& r : runs) {
+      const ScaledMachine m = scale_machine(hw, r.run->config, r.run->limits, s);
+      const Prediction p = evaluate(r.run->model, m.hardware, r.run->config, m.limits);
+      for (const PhaseSpec* ph : r.phases) out.push_back(ph->predicted(p.time));
+    }
     return out;
   }
+  size_t num_phases() const { return log_measured.size(); }
   double rms_log(const std::vector<double>& predicted) const {
     double sum = 0;
     for (size_t i = 0; i < predicted.size(); ++i) {
@@ -229,37 +234,36 @@ double phase_noise_log(const HardwareProfile& hw_engine, bool launch_bound) {
   return 1.96 * hw_engine.model_error_frac;
 }
 
-Diagnosis diagnose(const ModelSpec& model, const HardwareProfile& hw, const TrainConfig& config,
-                   const ResourceLimits& limits, const MeasuredStep& measured, double noise_log) {
+namespace {
+
+// A run's phases against its prediction at the profile's speeds (`hw` for the engine), and the
+// phases the speeds are solved on; InputError for a run without a usable time.
+RunDiagnosis compare_run(const HardwareProfile& hw, const DiagnosedRun& run, std::vector<const PhaseSpec*>* fitted) {
+  const MeasuredStep& measured = run.measured;
+  const std::string who = run.label.empty() ? std::string() : run.label + ": ";
   bool any = false;
   for (const PhaseSpec& p : kPhases) {
     if (!given(measured, p)) continue;
     any = true;
     const double v = *(measured.*p.measured);
     if (!(v >= 0.0) || !std::isfinite(v))
-      throw InputError(std::string("measured ") + p.name + " " + std::to_string(v) + " s is not a time (>= 0)");
+      throw InputError(who + "measured " + p.name + " " + std::to_string(v) + " s is not a time (>= 0)");
   }
-  if (!any) throw InputError("no measured time: give at least one of step, GAS/OPT time, forward/backward/optimizer");
-  // A profile already for the engine (as scale_machine returns it) is taken as it is.
-  const HardwareProfile hw_engine =
-      config.engine == Engine::kStepcast || hw.engine != "stepcast" ? hw : for_engine(hw, engine_name(config.engine));
-
-  Diagnosis d;
-  d.predicted = evaluate(model, hw_engine, config, limits);
-  d.cpu_threads_per_rank_profile = cpu_optimizer_threads_per_rank(hw_engine, config, limits);
-  Fitter fit{model, hw_engine, config, limits, fitted_phases(measured), {}};
-  if (fit.phases.empty()) throw InputError("every measured time is 0 s: nothing to compare");
-  for (const PhaseSpec* p : fit.phases) {
-    const double v = *(measured.*p->measured);
-    if (!(v > 0.0)) throw InputError(std::string("measured ") + p->name + " is 0 s: nothing to compare");
-    fit.log_measured.push_back(std::log(v));
-  }
+  if (!any) throw InputError(who + "no measured time: give at least one of step, GAS/OPT time, forward/backward/optimizer");
+  *fitted = fitted_phases(measured);
+  if (fitted->empty()) throw InputError(who + "every measured time is 0 s: nothing to compare");
+  for (const PhaseSpec* p : *fitted)
+    if (!(*(measured.*p->measured) > 0.0)) throw InputError(who + "measured " + p->name + " is 0 s: nothing to compare");
+  RunDiagnosis d;
+  d.label = run.label;
+  d.predicted = evaluate(run.model, hw, run.config, run.limits);
+  d.cpu_threads_per_rank_profile = cpu_optimizer_threads_per_rank(hw, run.config, run.limits);
   for (const PhaseSpec& p : kPhases) {
     if (!given(measured, p)) continue;
-    const bool fitted = std::find(fit.phases.begin(), fit.phases.end(), &p) != fit.phases.end();
-    d.phases.push_back({p.name, p.key, *(measured.*p.measured), p.predicted(d.predicted.time), fitted});
+    const bool is_fitted = std::find(fitted->begin(), fitted->end(), &p) != fitted->end();
+    d.phases.push_back({p.name, p.key, *(measured.*p.measured), p.predicted(d.predicted.time), is_fitted});
   }
-  const int64_t gas = config.gas;
+  const int64_t gas = run.config.gas;
   if (gas > 1) {
     d.micro_batch_predicted_s = d.predicted.time.gas_s / static_cast<double>(gas - 1);
     d.after_last_micro_batch_predicted_s = d.predicted.time.opt_s - d.micro_batch_predicted_s;
@@ -267,6 +271,37 @@ Diagnosis diagnose(const ModelSpec& model, const HardwareProfile& hw, const Trai
       d.micro_batch_measured_s = *measured.gas_s / static_cast<double>(gas - 1);
       d.after_last_micro_batch_measured_s = *measured.opt_s - *d.micro_batch_measured_s;
     }
+  }
+  return d;
+}
+
+// The profile for the runs' engine (one engine for all); a profile already for it is taken as it is.
+HardwareProfile engine_profile(const HardwareProfile& hw, const std::vector<DiagnosedRun>& runs) {
+  if (runs.empty()) throw InputError("no run to diagnose");
+  const Engine e = runs.front().config.engine;
+  for (const DiagnosedRun& r : runs)
+    if (r.config.engine != e)
+      throw InputError("the runs to diagnose together have different engines (" + std::string(engine_name(e)) +
+                       ", " + engine_name(r.config.engine) + "): one machine, one engine at a time");
+  return e == Engine::kStepcast || hw.engine != "stepcast" ? hw : for_engine(hw, engine_name(e));
+}
+
+}  // namespace
+
+Diagnosis diagnose(const ModelSpec& model, const HardwareProfile& hw, const TrainConfig& config,
+                   const ResourceLimits& limits, const MeasuredStep& measured, double noise_log) {
+  return diagnose(hw, {DiagnosedRun{"", model, config, limits, measured}}, noise_log);
+}
+
+Diagnosis diagnose(const HardwareProfile& hw, const std::vector<DiagnosedRun>& runs, double noise_log) {
+  const HardwareProfile hw_engine = engine_profile(hw, runs);
+  Diagnosis d;
+  Fitter fit{hw_engine, {}, {}};
+  for (const DiagnosedRun& r : runs) {
+    std::vector<const PhaseSpec*> fitted;
+    d.runs.push_back(compare_run(hw_engine, r, &fitted));
+    for (const PhaseSpec* p : fitted) fit.log_measured.push_back(std::log(*(r.measured.*p->measured)));
+    fit.runs.push_back({&r, fitted});
   }
   const ResourceSpeeds profile;
   const std::vector<double> at_profile = fit.predict(profile);
@@ -323,9 +358,34 @@ Diagnosis diagnose(const ModelSpec& model, const HardwareProfile& hw, const Trai
     if (d.best_pair && !d.best_pair->at_bound && d.explanation.rms_log_error >= kSingleEnoughRmsLog &&
         d.best_pair->rms_log_error <= kPairGainFrac * d.explanation.rms_log_error)
       d.explanation = *d.best_pair;
-    d.exactly_determined = d.explanation.resources.size() >= fit.phases.size();
+    d.exactly_determined = d.explanation.resources.size() >= fit.num_phases();
   }
   return d;
+}
+
+std::vector<LeftOut> leave_one_out(const HardwareProfile& hw, const std::vector<DiagnosedRun>& runs, double noise_log) {
+  const HardwareProfile hw_engine = engine_profile(hw, runs);
+  std::vector<LeftOut> out;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::vector<DiagnosedRun> others;
+    for (size_t j = 0; j < runs.size(); ++j)
+      if (j != i) others.push_back(runs[j]);
+    LeftOut lo;
+    std::vector<const PhaseSpec*> fitted;
+    lo.at_profile = compare_run(hw_engine, runs[i], &fitted);
+    ResourceSpeeds s;
+    if (!others.empty()) {
+      lo.from_others = diagnose(hw_engine, others, noise_log).explanation;
+      for (size_t k = 0; k < lo.from_others.resources.size(); ++k) s[lo.from_others.resources[k]] = lo.from_others.speeds[k];
+    }
+    const ScaledMachine m = scale_machine(hw_engine, runs[i].config, runs[i].limits, s);
+    const Prediction p = evaluate(runs[i].model, m.hardware, runs[i].config, m.limits);
+    for (const PhaseRow& row : lo.at_profile.phases)
+      for (const PhaseSpec& ph : kPhases)
+        if (row.key == ph.key) lo.diagnosed_s.push_back(ph.predicted(p.time));
+    out.push_back(lo);
+  }
+  return out;
 }
 
 }  // namespace stepcast

@@ -66,9 +66,30 @@ struct ResourceFit {
   bool at_bound = false;            // a speed sits at the search's bound (1/64 or 64): only a limit
 };
 
-struct Diagnosis {
-  Prediction predicted;             // at the profile's speeds
+// One measured run to diagnose: its job, its launch's limits (0: the profile's) and what it measured.
+struct DiagnosedRun {
+  std::string label;
+  ModelSpec model;
+  TrainConfig config;
+  ResourceLimits limits;
+  MeasuredStep measured;
+};
+
+// One run against its prediction at the profile's speeds.
+struct RunDiagnosis {
+  std::string label;
+  Prediction predicted;
   std::vector<PhaseRow> phases;
+  // With GAS > 1 and GAS and OPT time measured: one micro-batch (GAS time / (GAS - 1)) and what
+  // follows the last one (OPT time less one micro-batch: the optimizer, its copies, its syncs),
+  // measured and predicted.
+  std::optional<double> micro_batch_measured_s, after_last_micro_batch_measured_s;
+  double micro_batch_predicted_s = 0, after_last_micro_batch_predicted_s = 0;
+  double cpu_threads_per_rank_profile = 0;  // the CPU optimizer's threads at speed 1
+};
+
+struct Diagnosis {
+  std::vector<RunDiagnosis> runs;
   double rms_log_error = 0;         // the fitted phases at the profile's speeds
   std::vector<ResourceFit> singles; // one per resource that bears on the fitted phases, best first
   std::vector<Resource> no_bearing; // resources whose speed (1/16 or 16x) moves no fitted phase by 1 %
@@ -79,12 +100,6 @@ struct Diagnosis {
   bool exactly_determined = false;
   double noise_log = 0;             // the model's own error (phase_noise_log)
   bool within_noise = false;        // every fitted phase within it: nothing to explain
-  double cpu_threads_per_rank_profile = 0;
-  // With GAS > 1 and GAS and OPT time measured: one micro-batch (GAS time / (GAS - 1)) and what
-  // follows the last one (OPT time less one micro-batch: the optimizer, its copies, its syncs),
-  // measured and predicted.
-  std::optional<double> micro_batch_measured_s, after_last_micro_batch_measured_s;
-  double micro_batch_predicted_s = 0, after_last_micro_batch_predicted_s = 0;
 };
 
 // The model's own error on a phase, as a 95 % half-width of log(measured / predicted), on a
@@ -93,13 +108,26 @@ struct Diagnosis {
 // profile has neither (a datasheet profile: take its engines_from reference's).
 double phase_noise_log(const HardwareProfile& hw_engine, bool launch_bound);
 
-// Diagnoses `config` measured as `measured` on the machine `hw` (a profile, whose engine section
-// is taken here, or one already for the engine: for_engine, scale_machine). Fitted phases: forward, backward and optimizer where all three are
-// given (with the step where it is), else GAS and OPT time where both are (GAS > 1), else the
-// step, else whatever else is given. A run whose fitted phases all lie within `noise_log` of the
-// prediction (phase_noise_log) needs no resource to differ: the explanation is then empty
-// (speeds 1). InputError where no time is given or a fitted phase is 0 s.
+// Diagnoses runs measured on one machine, `hw` (a profile, whose engine section is taken here,
+// or one already for the engine: for_engine, scale_machine), solving speeds they share; every
+// run has the same engine. Each run's fitted phases: forward, backward and optimizer where all
+// three are given (with the step where it is), else GAS and OPT time where both are (GAS > 1),
+// else the step, else whatever else is given. Where every fitted phase lies within `noise_log` of
+// the prediction (phase_noise_log) no resource needs to differ: the explanation is then empty
+// (speeds 1). InputError where a run gives no time, a fitted phase is 0 s, or engines differ.
+Diagnosis diagnose(const HardwareProfile& hw, const std::vector<DiagnosedRun>& runs, double noise_log = 0.0);
+
+// One run, as above.
 Diagnosis diagnose(const ModelSpec& model, const HardwareProfile& hw, const TrainConfig& config,
                    const ResourceLimits& limits, const MeasuredStep& measured, double noise_log = 0.0);
+
+// The diagnosis put to the test: each run predicted on the machine diagnosed from the others
+// (leave one run out), beside its prediction at the profile's speeds.
+struct LeftOut {
+  RunDiagnosis at_profile;          // measured and predicted at the profile's speeds
+  ResourceFit from_others;          // the others' explanation (empty: nothing to explain)
+  std::vector<double> diagnosed_s;  // its phases (at_profile.phases order) on that machine
+};
+std::vector<LeftOut> leave_one_out(const HardwareProfile& hw, const std::vector<DiagnosedRun>& runs, double noise_log);
 
 }  // namespace stepcast

@@ -17,6 +17,10 @@ struct DiagnoseOptions {
   double peak_reserved_gib = -1;
   std::vector<std::string> runs;  // JSONL run records (train --json-out, the peer harnesses)
   std::string key;                // which configuration of them
+  bool all = false;               // every configuration of them, together
+  std::string published;          // a data/published source: its rows with phases
+  std::string row;                // which of its rows
+  bool leave_one_out = false;     // each run predicted from the others' diagnosis
   int top = 3;                    // plans shown for the machine as diagnosed
 };
 

@@ -355,6 +355,29 @@ expect_error "diagnose: --run and a configuration flag" "--stage is not taken wi
   diagnose --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" --stage 1
 expect_error "diagnose: --run and a measured flag" "--step-s is not taken with --run" \
   diagnose --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" --step-s 1
+# Several runs: the founding report's five rows together, each predicted from the other four.
+"$PLANNER" diagnose --published "$SRC/data/published/founding_report.toml" --leave-one-out --json >"$TMP/pub.json" 2>"$TMP/err" &&
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert len(d["runs"]) == 5 and len(d["leave_one_out"]) == 5, d.keys()
+assert d["hardware"]["name"] == "a40"
+for l in d["leave_one_out"]:
+    assert {p["phase"] for p in l["phases"]} == {"step", "gas", "opt"}, l["phases"]
+    assert all(p["diagnosed_s"] > 0 and p["profile_s"] > 0 for p in l["phases"])
+assert "machine_as_diagnosed" not in d' "$TMP/pub.json" && ok || bad "diagnose --published --leave-one-out $(cat "$TMP/err")"
+"$PLANNER" diagnose --run "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_deepspeed_1gpu.jsonl" --all --json 2>"$TMP/err" |
+  python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d["runs"]) == 3 and d["explanation"]["resources"]' \
+  && ok || bad "diagnose --run --all $(cat "$TMP/err")"
+expect_error "diagnose: --row matches nothing" 'no row named like "nope" gives a step' \
+  diagnose --published "$SRC/data/published/founding_report.toml" --row nope
+expect_error "diagnose: --published and --run" "diagnose one or the other" \
+  diagnose --published "$SRC/data/published/founding_report.toml" --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl"
+expect_error "diagnose: --all without --run" "--all takes every configuration" diagnose "${DS2[@]}" --step-s 1 --all
+expect_error "diagnose: --row without --published" "--row names rows of --published" diagnose "${DS2[@]}" --step-s 1 --row x
+expect_error "diagnose: --leave-one-out with one run" "--leave-one-out needs several runs" diagnose "${DS2[@]}" --step-s 1 --leave-one-out
+expect_error "diagnose: published rows without phases" "llm_foundry.toml: no row gives a step, GAS or OPT time" \
+  diagnose --published "$SRC/data/published/llm_foundry.toml"
 expect_error "diagnose: several configurations" "holds 3 configurations: name one with --key" \
   diagnose --run "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_deepspeed_1gpu.jsonl"
 expect_error "diagnose: a launcher config" "diagnose writes no launcher config" \

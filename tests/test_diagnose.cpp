@@ -65,15 +65,15 @@ TEST_CASE("diagnose: the founding report's one-GPU ZeRO-2 row, its micro-batch a
   meas.gas_s = 51.642;
   meas.opt_s = 25.455;
   const Diagnosis d = diagnose(m, hw, c, limits, meas);
-  REQUIRE(d.micro_batch_measured_s);
-  CHECK(*d.micro_batch_measured_s == doctest::Approx(12.9105));
-  CHECK(*d.after_last_micro_batch_measured_s == doctest::Approx(12.5445));
+  REQUIRE(d.runs[0].micro_batch_measured_s);
+  CHECK(*d.runs[0].micro_batch_measured_s == doctest::Approx(12.9105));
+  CHECK(*d.runs[0].after_last_micro_batch_measured_s == doctest::Approx(12.5445));
   // The fitted phases are the two given; the step after the backward is the larger miss (the
   // report's own finding: a third of the step in the CPU optimizer), so the CPU optimizer is the
   // single resource that explains the run best.
-  REQUIRE(d.phases.size() == 2);
-  CHECK(d.phases[0].fitted);
-  CHECK(d.phases[1].fitted);
+  REQUIRE(d.runs[0].phases.size() == 2);
+  CHECK(d.runs[0].phases[0].fitted);
+  CHECK(d.runs[0].phases[1].fitted);
   REQUIRE(!d.singles.empty());
   CHECK(d.singles.front().resources.front() == Resource::kCpuOptimizer);
   CHECK(d.singles.front().speeds.front() < 0.5);
@@ -158,6 +158,42 @@ TEST_CASE("diagnose: speed 1 changes no prediction; a plan without offload has n
   CHECK(gpu->rms_log_error < 1e-3);
   CHECK(gpu->speeds[0] < 0.8);
   CHECK(gpu->speeds[0] > 0.6);
+}
+
+TEST_CASE("diagnose: several runs share the machine's speeds; each left out is predicted from the others") {
+  // Three plans on one machine whose CPU optimizer runs at 0.3 and GPU at 0.8 of the profile's
+  // speeds, measured as the model predicts them there: together they give both speeds back, and
+  // each run left out is predicted from the other two's diagnosis exactly (a property: the
+  // speeds are the machine's, not a run's).
+  const ModelSpec m = test::model("pythia-2.8b");
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  ResourceSpeeds truth;
+  truth[Resource::kCpuOptimizer] = 0.3;
+  truth[Resource::kGpu] = 0.8;
+  std::vector<DiagnosedRun> runs;
+  for (int stage : {1, 2, 3}) {
+    TrainConfig c = deepspeed_offload();
+    c.zero_stage = stage;
+    c.micro_batch = 2 * stage;
+    runs.push_back({"stage " + std::to_string(stage), m, c, {}, synthetic(m, hw, c, truth)});
+  }
+  const Diagnosis d = diagnose(hw, runs);
+  REQUIRE(d.runs.size() == 3);
+  REQUIRE(d.explanation.resources.size() == 2);
+  CHECK(!d.exactly_determined);
+  for (size_t i = 0; i < 2; ++i)
+    CHECK(d.explanation.speeds[i] == doctest::Approx(d.explanation.resources[i] == Resource::kGpu ? 0.8 : 0.3).epsilon(0.02));
+  const std::vector<LeftOut> loo = leave_one_out(hw, runs, 0.0);
+  REQUIRE(loo.size() == 3);
+  for (const LeftOut& l : loo) {
+    REQUIRE(l.at_profile.phases.size() == 4);  // step, forward, backward, optimizer
+    for (size_t k = 0; k < 4; ++k) CHECK(l.diagnosed_s[k] == doctest::Approx(l.at_profile.phases[k].measured_s).epsilon(0.02));
+    CHECK(std::abs(l.at_profile.phases[0].predicted_s / l.at_profile.phases[0].measured_s - 1.0) > 0.1);
+  }
+  // One machine, one engine: a run of another engine is refused.
+  runs.push_back(runs.front());
+  runs.back().config.engine = Engine::kFsdp2;
+  CHECK_THROWS_AS(diagnose(hw, runs), InputError);
 }
 
 TEST_CASE("diagnose: bad input") {
