@@ -88,6 +88,13 @@ LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
     zero["reduce_scatter"] = true;
     zero["reduce_bucket_size"] = bucket;
     zero["offload_optimizer"] = {{"device", offload_name(c.offload_optimizer)}, {"pin_memory", true}};
+    // DeepSpeed's own default is pin_memory false (deepspeed/runtime/zero/offload_config.py): its
+    // offload copies then run from pageable host memory. Measured on one H100 with ZeRO-2,
+    // pythia-2.8b at 4 x 2048, GAS 2: 2.02 s a step pinned, 4.07 s not
+    // (data/runs/h100-sxm/2026-12-06_unpinned_offload_*_1gpu.jsonl, docs/diagnose.md).
+    if (c.offload_optimizer == OffloadDevice::kCpu)
+      out.notes.push_back("offload buffers pinned (\"pin_memory\": true): DeepSpeed's default, false, ran the same "
+                          "ZeRO-2 offload plan 2.0x slower on one H100 (its copies from pageable memory)");
     if (c.zero_stage <= 2) {
       zero["allgather_partitions"] = true;
       zero["allgather_bucket_size"] = bucket;

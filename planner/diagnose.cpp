@@ -45,10 +45,10 @@ const PhaseSpec kPhases[] = {
 
 bool given(const MeasuredStep& m, const PhaseSpec& p) { return (m.*p.measured).has_value(); }
 
-// The phases the speeds are solved on: forward, backward and optimizer where all three are
-// measured, with the step where it is; else GAS and OPT time (the step split in two); else the
-// step; else whatever else is measured.
-std::vector<const PhaseSpec*> fitted_phases(const MeasuredStep& m) {
+// The phases the speeds are solved on: for our backend forward, backward and optimizer where all
+// three are measured, with the step where it is; else GAS and OPT time (the step split in two);
+// else the step; else whatever else is measured.
+std::vector<const PhaseSpec*> fitted_phases(const MeasuredStep& m, Engine engine) {
   const auto by_key = [](const char* key) {
     for (const PhaseSpec& p : kPhases)
       if (std::string(p.key) == key) return &p;
@@ -58,7 +58,10 @@ std::vector<const PhaseSpec*> fitted_phases(const MeasuredStep& m) {
   const PhaseSpec *gas = by_key("gas"), *optt = by_key("opt"), *step = by_key("step");
   // The step holds what those three do not: the collectives and copies an engine does not time
   // apart (the peers' run inside their hooks).
-  if (given(m, *fwd) && given(m, *bwd) && given(m, *opt)) {
+  // The peers time forward, backward and optimizer as their hooks fall (DeepSpeed copies each
+  // gradient to the host inside the backward), not as the model books them: their GAS and OPT
+  // time, cut at micro-batch boundaries, are what the model and the records share.
+  if (engine == Engine::kStepcast && given(m, *fwd) && given(m, *bwd) && given(m, *opt)) {
     if (given(m, *step)) return {fwd, bwd, opt, step};
     return {fwd, bwd, opt};
   }
@@ -250,7 +253,7 @@ RunDiagnosis compare_run(const HardwareProfile& hw, const DiagnosedRun& run, std
       throw InputError(who + "measured " + p.name + " " + std::to_string(v) + " s is not a time (>= 0)");
   }
   if (!any) throw InputError(who + "no measured time: give at least one of step, GAS/OPT time, forward/backward/optimizer");
-  *fitted = fitted_phases(measured);
+  *fitted = fitted_phases(measured, run.config.engine);
   if (fitted->empty()) throw InputError(who + "every measured time is 0 s: nothing to compare");
   for (const PhaseSpec* p : *fitted)
     if (!(*(measured.*p->measured) > 0.0)) throw InputError(who + "measured " + p->name + " is 0 s: nothing to compare");
@@ -347,7 +350,8 @@ Diagnosis diagnose(const HardwareProfile& hw, const std::vector<DiagnosedRun>& r
     }
   // The explanation: none where the run is within the model's own error; else the best single
   // resource that does not sit at the search's bound (a speed of 1/64 or 64 is a limit, not a
-  // finding), or the pair where it at least halves that one's error.
+  // finding), or the pair where it at least halves that one's error and more phases than two
+  // were fitted.
   if (!d.within_noise && !d.singles.empty()) {
     d.explanation = d.singles.front();
     for (const ResourceFit& f : d.singles)
@@ -355,7 +359,9 @@ Diagnosis diagnose(const HardwareProfile& hw, const std::vector<DiagnosedRun>& r
         d.explanation = f;
         break;
       }
-    if (d.best_pair && !d.best_pair->at_bound && d.explanation.rms_log_error >= kSingleEnoughRmsLog &&
+    // A pair is chosen only where the phases outnumber it: two speeds always meet two phases.
+    if (d.best_pair && !d.best_pair->at_bound && fit.num_phases() > 2 &&
+        d.explanation.rms_log_error >= kSingleEnoughRmsLog &&
         d.best_pair->rms_log_error <= kPairGainFrac * d.explanation.rms_log_error)
       d.explanation = *d.best_pair;
     d.exactly_determined = d.explanation.resources.size() >= fit.num_phases();

@@ -110,9 +110,10 @@ double phase_noise_log(const HardwareProfile& hw_engine, bool launch_bound);
 
 // Diagnoses runs measured on one machine, `hw` (a profile, whose engine section is taken here,
 // or one already for the engine: for_engine, scale_machine), solving speeds they share; every
-// run has the same engine. Each run's fitted phases: forward, backward and optimizer where all
-// three are given (with the step where it is), else GAS and OPT time where both are (GAS > 1),
-// else the step, else whatever else is given. Where every fitted phase lies within `noise_log` of
+// run has the same engine. Each run's fitted phases: for our backend forward, backward and
+// optimizer where all three are given (with the step where it is); else GAS and OPT time where
+// both are (GAS > 1, the peers' boundaries, which their phase timers do not share with the
+// model); else the step; else whatever else is given. Where every fitted phase lies within `noise_log` of
 // the prediction (phase_noise_log) no resource needs to differ: the explanation is then empty
 // (speeds 1). InputError where a run gives no time, a fitted phase is 0 s, or engines differ.
 Diagnosis diagnose(const HardwareProfile& hw, const std::vector<DiagnosedRun>& runs, double noise_log = 0.0);

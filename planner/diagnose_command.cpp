@@ -354,7 +354,8 @@ int run_diagnose(const CLI::App& app, DiagnoseOptions o) {
       if (first.measured.gpu_peak_reserved_bytes)
         j["memory"] = {{"measured_peak_reserved_bytes", *first.measured.gpu_peak_reserved_bytes},
                        {"predicted_peak_reserved_bytes", r0.predicted.memory.gpu_total_bytes},
-                       {"predicted_interval_95", {r0.predicted.gpu_memory_lo_bytes, r0.predicted.gpu_memory_hi_bytes}}};
+                       {"predicted_interval_95", {r0.predicted.gpu_memory_lo_bytes, r0.predicted.gpu_memory_hi_bytes}},
+                       {"predicted_peak_allocated_bytes", r0.predicted.memory.gpu_allocated_bytes}};
     }
     j["rms_log_error_at_profile"] = d.rms_log_error;
     j["cpu_threads_per_rank_profile"] = r0.cpu_threads_per_rank_profile;
@@ -414,6 +415,11 @@ int run_diagnose(const CLI::App& app, DiagnoseOptions o) {
                   *first.measured.gpu_peak_reserved_bytes / r0.predicted.memory.gpu_total_bytes,
                   r0.predicted.gpu_memory_lo_bytes / kBytesPerGiB, r0.predicted.gpu_memory_hi_bytes / kBytesPerGiB);
     std::cout << line;
+    // Above the interval, the usual cause is the caching allocator's cache above the live bytes.
+    if (r0.predicted.gpu_memory_hi_bytes > 0 && *first.measured.gpu_peak_reserved_bytes > r0.predicted.gpu_memory_hi_bytes)
+      std::cout << "  above the 95 % interval: the caching allocator keeps more cache above the live bytes than the model "
+                   "says (" << format_gib(r0.predicted.memory.gpu_allocated_bytes)
+                << " GiB predicted allocated); expandable segments (--gpu-allocator expandable) keep less\n";
   }
   std::set<std::string> fitted_names;
   for (const RunDiagnosis& r : d.runs)

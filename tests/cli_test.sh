@@ -312,7 +312,7 @@ assert d["single_resources"][0]["resources"][0]["resource"] == "cpu_optimizer", 
 assert not d["within_noise"] and d["machine_as_diagnosed"]["fitting"] > 0' "$TMP/diag.json" \
   && ok || bad "diagnose: founding report row $(cat "$TMP/err")"
 "$PLANNER" diagnose "${FOUNDING[@]}" --gas-s 51.642 --opt-s 25.455 >"$TMP/diag.txt" 2>&1 &&
-  grep -q "^One resource at a time" "$TMP/diag.txt" && grep -q "by construction" "$TMP/diag.txt" && ok ||
+  grep -q "^One resource at a time" "$TMP/diag.txt" && grep -q "^explanation: CPU optimizer x" "$TMP/diag.txt" && ok ||
   bad "diagnose: text output $(head -5 "$TMP/diag.txt")"
 threads_of() {  # RUNS KEY_PATTERN LO HI: the diagnosed CPU optimizer threads per rank lie in [LO, HI]
   if ! "$PLANNER" diagnose --run "$1" --json >"$TMP/t.json" 2>"$TMP/err"; then  # several: pick by pattern
@@ -332,15 +332,19 @@ threads_of "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_deepspeed_1gpu.
   && ok || bad "diagnose --run: DeepSpeed at OMP_NUM_THREADS=2 not found $(cat "$TMP/err")"
 threads_of "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_stepcast_1gpu.jsonl" " s2 " 1.5 3 \
   && ok || bad "diagnose --run: train --cpu-threads 2 not found $(cat "$TMP/err")"
+# DeepSpeed's offload with its host buffers not pinned (the run's own config): diagnose names PCIe.
+"$PLANNER" diagnose --run "$SRC/data/runs/h100-sxm/2026-12-06_unpinned_offload_s2_unpinned_1gpu.jsonl" --json 2>"$TMP/err" |
+  python3 -c 'import json,sys; e=json.load(sys.stdin)["explanation"]["resources"]; assert [r["resource"] for r in e] == ["pcie"] and e[0]["speed_frac"] < 0.5, e' \
+  && ok || bad "diagnose --run: unpinned offload not named PCIe $(cat "$TMP/err")"
 # Round trip: explain on a machine whose CPU optimizer runs at 0.25 of the profile's speed, its
-# phases given to diagnose, which names that resource and speed.
+# GAS and OPT time (what a DeepSpeed record and the model share) given to diagnose, which names
+# that resource and speed.
 DS2=(--model pythia-2.8b --engine deepspeed --stage 2 --offload-optimizer cpu --micro-batch 4 --gas 2)
 "$PLANNER" explain "${DS2[@]}" --speed cpu_optimizer=0.25 --json >"$TMP/slow.json" 2>/dev/null
 read -r -a measured < <(python3 -c '
 import json, sys
 t = json.load(open(sys.argv[1]))["plans"][0]["time_s"]
-print("--step-s %.9g --forward-s %.9g --backward-s %.9g --optimizer-s %.9g" % (t["step"], t["forward"],
-      t["backward"] + t["recompute"], t["optimizer_total"]))' "$TMP/slow.json")
+print("--gas-s %.9g --opt-s %.9g" % (t["gas"], t["opt"]))' "$TMP/slow.json")
 "$PLANNER" diagnose "${DS2[@]}" "${measured[@]}" --json 2>"$TMP/err" | python3 -c '
 import json, sys
 e = json.load(sys.stdin)["explanation"]["resources"]
