@@ -22,6 +22,8 @@ constexpr double kBearingSpeedFactor = 16.0;
 // error is 2 % or more: below it one resource already meets the run within timing noise).
 constexpr double kPairGainFrac = 0.5;
 constexpr double kSingleEnoughRmsLog = 0.0198026273;  // ln 1.02
+// Two fits whose errors differ by less than this (ln 1.005) meet the phases equally well.
+constexpr double kTieRmsLog = 0.00498754151;
 
 struct PhaseSpec {
   const char* name;
@@ -359,6 +361,12 @@ Diagnosis diagnose(const HardwareProfile& hw, const std::vector<DiagnosedRun>& r
         d.explanation = f;
         break;
       }
+    // Resources that meet the phases equally well (within kTieRmsLog; one phase is met by any
+    // resource that bears on it): the one whose speed differs least from the profile's.
+    for (const ResourceFit& f : d.singles)
+      if (!f.at_bound && f.rms_log_error <= d.explanation.rms_log_error + kTieRmsLog &&
+          std::abs(std::log(f.speeds[0])) < std::abs(std::log(d.explanation.speeds[0])))
+        d.explanation = f;
     // A pair is chosen only where the phases outnumber it: two speeds always meet two phases.
     if (d.best_pair && !d.best_pair->at_bound && fit.num_phases() > 2 &&
         d.explanation.rms_log_error >= kSingleEnoughRmsLog &&

@@ -209,6 +209,22 @@ TEST_CASE("diagnose: several runs share the machine's speeds; each left out is p
   CHECK_THROWS_AS(diagnose(hw, runs), InputError);
 }
 
+TEST_CASE("diagnose: one phase is met by every resource that bears on it; the least change is named") {
+  const ModelSpec m = test::model("pythia-2.8b");
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  const TrainConfig c = deepspeed_offload();
+  ResourceSpeeds truth;
+  truth[Resource::kCpuOptimizer] = 0.25;
+  MeasuredStep step_only;
+  step_only.step_s = synthetic(m, hw, c, truth).step_s;
+  const Diagnosis d = diagnose(m, hw, c, {}, step_only);
+  REQUIRE(d.explanation.resources.size() == 1);
+  CHECK(d.exactly_determined);  // one speed, one phase: said so
+  for (const ResourceFit& f : d.singles)
+    if (!f.at_bound && f.rms_log_error < 1e-3)
+      CHECK(std::abs(std::log(d.explanation.speeds[0])) <= std::abs(std::log(f.speeds[0])) + 1e-9);
+}
+
 TEST_CASE("diagnose: bad input") {
   const ModelSpec m = test::model("pythia-2.8b");
   const HardwareProfile hw = test::hardware("h200-sxm");
