@@ -30,3 +30,16 @@ run() {  # NAME PIN FLAGS...: one plan, its DeepSpeed config pinned (true) or no
 run s2_pinned true --stage 2 --offload-optimizer cpu --micro-batch 4 --gas 2
 run s2_unpinned false --stage 2 --offload-optimizer cpu --micro-batch 4 --gas 2
 run founding_unpinned false --stage 2 --offload-optimizer cpu --micro-batch 8 --gas 5 --checkpointing on --attention math
+# The unpinned step against the pinned one measured in this call (medians of the measured steps).
+python3 - "$OUT" <<'PY'
+import json, statistics, sys
+def step(name):
+    try:
+        rows = [json.loads(l) for l in open(f"{sys.argv[1]}/{name}.jsonl")]
+    except OSError:
+        return None
+    return statistics.median(r["time_s"]["step"] for r in rows if not r.get("warmup"))
+pinned, unpinned = step("s2_pinned"), step("s2_unpinned")
+if pinned and unpinned:
+    print("ZeRO-2 4 x 2048 GAS 2: pinned %.3f s, unpinned %.3f s a step: %.2fx" % (pinned, unpinned, unpinned / pinned))
+PY

@@ -231,6 +231,11 @@ double model_flops_per_token(const ModelSpec& spec, const TrainConfig& c) {
   return full - 2.0 * params + 6.0 * lora_params(spec, c);
 }
 
+double peer_cpu_optimizer_threads(const TrainConfig& config, const ResourceLimits& limits, double node_cores) {
+  if (limits.cpu_threads_per_rank > 0) return limits.cpu_threads_per_rank;
+  return config.gpus_per_node > 1 ? 1.0 : node_cores;
+}
+
 double node_cpu_cores(const HardwareProfile& hw, const TrainConfig& config, const ResourceLimits& limits) {
   return limits.cpu_cores_node > 0 ? limits.cpu_cores_node : hw.host.cpu_cores_per_gpu * config.gpus_per_node;
 }
@@ -588,12 +593,9 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // offload, pythia-2.8b: 1.03 s at 16 threads, 4.6-5.8 s at OMP_NUM_THREADS=1 (docs/engines.md).
   // A launch that sets the threads (limits.cpu_threads_per_rank) uses that many per rank, up to
   // the node's cores.
-  if (offload_opt && c.engine != Engine::kStepcast) {
-    const double threads = limits.cpu_threads_per_rank > 0 ? limits.cpu_threads_per_rank
-                           : c.gpus_per_node > 1         ? 1.0
-                                                         : f.cpu_cores_node;
-    f.cpu_cores_node = std::min(f.cpu_cores_node, threads * static_cast<double>(c.gpus_per_node));
-  }
+  if (offload_opt && c.engine != Engine::kStepcast)
+    f.cpu_cores_node = std::min(f.cpu_cores_node, peer_cpu_optimizer_threads(c, limits, f.cpu_cores_node) *
+                                                      static_cast<double>(c.gpus_per_node));
   f.cpu_simd_lanes = hw.host.simd_fp32_lanes;
   f.dram_bytes_per_s = hw.host.dram_bytes_per_s;
 

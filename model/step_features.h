@@ -232,6 +232,11 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
 // node's GPUs (not the threads a peer's launch leaves its optimizer: make_features).
 double node_cpu_cores(const HardwareProfile& hw, const TrainConfig& config, const ResourceLimits& limits);
 
+// The OpenMP threads of each rank's CPU optimizer in a peer engine (DeepSpeed, FSDP2): the
+// launch's count where it sets one (limits.cpu_threads_per_rank), else torchrun's default, one
+// per rank when a node runs several and all of the node's cores with one.
+double peer_cpu_optimizer_threads(const TrainConfig& config, const ResourceLimits& limits, double node_cores);
+
 // Reduction bucket size in elements: Hugging Face's "auto" value h^2 for
 // DeepSpeed's reduce_bucket_size, which the DeepSpeed config also writes.
 double bucket_elems(const ModelSpec& spec);

@@ -193,11 +193,7 @@ double cpu_optimizer_threads_per_rank(const HardwareProfile& hw, const TrainConf
   const double ranks = static_cast<double>(std::max(1, config.gpus_per_node));
   const double cores = node_cpu_cores(hw, config, limits);
   if (config.engine == Engine::kStepcast) return cores / ranks;
-  // The peers' threads as make_features takes them: the launch's count, else torchrun's default.
-  const double threads = limits.cpu_threads_per_rank > 0 ? limits.cpu_threads_per_rank
-                         : config.gpus_per_node > 1      ? 1.0
-                                                         : cores;
-  return std::min(threads, cores / ranks);
+  return std::min(peer_cpu_optimizer_threads(config, limits, cores), cores / ranks);
 }
 
 ScaledMachine scale_machine(const HardwareProfile& hw_engine, const TrainConfig& config, const ResourceLimits& limits,

@@ -34,6 +34,14 @@ std::optional<double> flag_value(const CLI::App& app, const char* flag, double v
   return v;
 }
 
+// A rate at `speed` times the profile's, beside the profile's: "3.2 GB/s host to GPU (profile 25.0)".
+std::string rate_meaning(const char* what, double bytes_per_s, double speed, const std::string& extra) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%.1f GB/s %s (profile %.1f%s)", speed * bytes_per_s / 1e9, what, bytes_per_s / 1e9,
+                extra.c_str());
+  return buf;
+}
+
 // What one resource's speed means in the machine's own units.
 std::string speed_meaning(Resource r, double speed, const Diagnosis& d, const HardwareProfile& hw) {
   char buf[200];
@@ -48,17 +56,11 @@ std::string speed_meaning(Resource r, double speed, const Diagnosis& d, const Ha
                     speed * d.runs.front().cpu_threads_per_rank_profile, d.runs.front().cpu_threads_per_rank_profile);
       break;
     case Resource::kPcie:
-      std::snprintf(buf, sizeof buf, "%.1f GB/s host to GPU (profile %.1f)", speed * hw.host.h2d_bytes_per_s / 1e9,
-                    hw.host.h2d_bytes_per_s / 1e9);
-      break;
+      return rate_meaning("host to GPU", hw.host.h2d_bytes_per_s, speed, "");
     case Resource::kIntraNode:
-      std::snprintf(buf, sizeof buf, "%.1f GB/s per GPU (profile %.1f, %s)", speed * hw.links.intra_node_bytes_per_s / 1e9,
-                    hw.links.intra_node_bytes_per_s / 1e9, hw.links.intra_node.c_str());
-      break;
+      return rate_meaning("per GPU", hw.links.intra_node_bytes_per_s, speed, ", " + hw.links.intra_node);
     case Resource::kInterNode:
-      std::snprintf(buf, sizeof buf, "%.1f GB/s per GPU (profile %.1f)", speed * hw.links.inter_node_bytes_per_s / 1e9,
-                    hw.links.inter_node_bytes_per_s / 1e9);
-      break;
+      return rate_meaning("per GPU", hw.links.inter_node_bytes_per_s, speed, "");
     case Resource::kHostIssue:
       std::snprintf(buf, sizeof buf, "issues each layer's kernels and hooks in %.2fx the profile's time", 1.0 / speed);
       break;
