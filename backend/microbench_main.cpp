@@ -6,7 +6,7 @@
 //               a decoder layer's element-wise work (forward and backward)
 //   collectives all-reduce, reduce-scatter, all-gather by size, over NCCL on
 //               the GPU or Gloo on the CPU; each result is checked once
-//   offload     pinned host <-> device copies by size (GPU only)
+//   offload     host <-> device copies by size, pinned and pageable (GPU only)
 //   optimizer   CPU AdamW fp32 and 8-bit by thread count; the GPU kernels
 //
 //   microbench --out micro.jsonl [--suite compute,collectives,offload,optimizer] [--nproc 2] [--quick]
@@ -134,6 +134,13 @@ void print_ratios(const std::vector<nlohmann::json>& recs) {
     if (const auto* down = find(is("d2h")))
       std::fprintf(stderr, "  d2h vs h2d (%.0f MiB): %.2fx\n", (*up)["bytes"].get<double>() / kBytesPerMiB,
                    (*up)["seconds"].get<double>() / (*down)["seconds"].get<double>());
+  for (const char* dir : {"h2d", "d2h"})
+    if (const auto* pinned = find(is(dir)))
+      if (const auto* pageable = find(is(dir == std::string("h2d") ? "h2d_pageable" : "d2h_pageable")))
+        std::fprintf(stderr, "  %s pageable vs pinned (%.0f MiB): %.2fx, %.1f GB/s\n", dir,
+                     (*pageable)["bytes"].get<double>() / kBytesPerMiB,
+                     (*pinned)["seconds"].get<double>() / (*pageable)["seconds"].get<double>(),
+                     (*pageable)["bytes"].get<double>() / (*pageable)["seconds"].get<double>() / 1e9);
   // Optimizers: 8-bit against fp32 AdamW on the same size (and threads).
   for (const auto& r : recs) {
     if (r["bench"] != "cpu_optimizer" && r["bench"] != "gpu_optimizer") continue;
@@ -414,6 +421,20 @@ void run_offload(Bench& b, Runtime& rt) {
     b.emit({{"bench", "h2d"}, {"bytes", bytes}, {"pinned", true}, {"seconds", up}}, "h2d " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB");
     const double down = b.time_s(2, [&] { rt.copy_to_host_on_comm(host, dev); });
     b.emit({{"bench", "d2h"}, {"bytes", bytes}, {"pinned", true}, {"seconds", down}}, "d2h " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB");
+  }
+  // Pageable host memory (DeepSpeed's offload buffers with "pin_memory": false; HostSpec::
+  // pageable_bytes_per_s): the driver stages each copy through its own pinned buffers and the
+  // calling thread waits. 4 MiB (a small layer's gradient) to 1 GiB; the pages are touched first.
+  for (double bytes = 4 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) {
+    const int64_t n = static_cast<int64_t>(bytes) / 2;
+    auto host = torch::empty({n}, torch::dtype(torch::kBFloat16));
+    auto dev = torch::empty({n}, torch::dtype(torch::kBFloat16).device(rt.device()));
+    host.fill_(1.0);
+    const std::string mib = std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB";
+    const double up = b.time_s(2, [&] { rt.copy_to_device(dev, host); });
+    b.emit({{"bench", "h2d_pageable"}, {"bytes", bytes}, {"pinned", false}, {"seconds", up}}, "h2d pageable " + mib);
+    const double down = b.time_s(2, [&] { rt.copy_to_host_on_comm(host, dev); });
+    b.emit({{"bench", "d2h_pageable"}, {"bytes", bytes}, {"pinned", false}, {"seconds", down}}, "d2h pageable " + mib);
   }
 }
 

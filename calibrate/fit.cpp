@@ -224,15 +224,19 @@ FitResult solve_micro(const std::vector<MicroRecord>& micro, const HardwareProfi
   CoefVector u{};
   for (int i = 0; i < kNumCoefs; ++i) u[i] = start[i] / scales[i];
   ceres::Problem problem;
+  // Records no coefficient reads (the pageable copies) inform nothing here.
+  std::vector<const MicroRecord*> fitted;
   for (const auto& r : micro)
-    problem.AddResidualBlock(MicroResidual::Create(r, hw, opt.sigma_micro, scales),
+    if (!micro_coefs(r).empty()) fitted.push_back(&r);
+  for (const MicroRecord* r : fitted)
+    problem.AddResidualBlock(MicroResidual::Create(*r, hw, opt.sigma_micro, scales),
                              new ceres::CauchyLoss(opt.cauchy_scale), u.data());
   FitOptions o = opt;
   o.component_priors = std::move(priors);
   FitResult result = solve(problem, u, scales, free, o);
   double ss = 0;
-  for (const auto& r : micro) ss += std::pow(std::log(predict_micro(r, hw, result.coefs.data()) / r.seconds), 2);
-  result.model_error_frac = micro.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(micro.size()));
+  for (const MicroRecord* r : fitted) ss += std::pow(std::log(predict_micro(*r, hw, result.coefs.data()) / r->seconds), 2);
+  result.model_error_frac = fitted.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(fitted.size()));
   return result;
 }
 

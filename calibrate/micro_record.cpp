@@ -29,6 +29,8 @@ constexpr BenchName kBenchNames[kNumMicroBenches] = {
     {MicroBench::kCpuOptimizer, "cpu_optimizer"},
     {MicroBench::kGpuOptimizer, "gpu_optimizer"},
     {MicroBench::kElementwise, "elementwise"},
+    {MicroBench::kH2DPageable, "h2d_pageable"},
+    {MicroBench::kD2HPageable, "d2h_pageable"},
 };
 
 double positive(const nlohmann::json& j, const char* key, const std::string& where) {
@@ -117,6 +119,8 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
           [[fallthrough]];
         case MicroBench::kH2D:
         case MicroBench::kD2H:
+        case MicroBench::kH2DPageable:
+        case MicroBench::kD2HPageable:
           r.bytes = positive(j, "bytes", where);
           break;
         case MicroBench::kElementwise:
@@ -166,6 +170,9 @@ std::vector<Coef> micro_coefs(MicroBench b) {
     case MicroBench::kH2D:
     case MicroBench::kD2H:
       return {kPcieEffFrac};
+    case MicroBench::kH2DPageable:
+    case MicroBench::kD2HPageable:
+      return {};  // the host's measured rate itself (HostSpec::pageable_bytes_per_s)
     case MicroBench::kCpuOptimizer:
       return {kCpuCoreBytesPerSPerLane, kCpuDramEffFrac, kCpuLaneFlopsPerS, kCpuOptStepOverheadS};
     case MicroBench::kGpuOptimizer:

@@ -15,8 +15,10 @@
 
 namespace stepcast::calibrate {
 
-enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer, kElementwise };
-inline constexpr int kNumMicroBenches = 11;
+// kH2DPageable, kD2HPageable: copies from and to pageable host memory, at the host's measured
+// HostSpec::pageable_bytes_per_s; no coefficient reads them (the component fit skips them).
+enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer, kElementwise, kH2DPageable, kD2HPageable };
+inline constexpr int kNumMicroBenches = 13;
 const char* micro_bench_name(MicroBench b);
 
 struct MicroRecord {
@@ -87,6 +89,9 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
       return pcie_copy_time_s(r.bytes, hw.host.h2d_bytes_per_s, coef);
     case MicroBench::kD2H:
       return pcie_copy_time_s(r.bytes, hw.host.d2h_bytes_per_s, coef);
+    case MicroBench::kH2DPageable:
+    case MicroBench::kD2HPageable:  // as step_time.h times DeepSpeed's unpinned copies
+      return T(r.bytes / hw.host.pageable_bytes_per_s);
     case MicroBench::kCpuOptimizer:
       return cpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, true),
                                   optimizer_flops(r.optimizer), r.threads, hw.host.simd_fp32_lanes,

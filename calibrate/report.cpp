@@ -80,7 +80,9 @@ nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const Hardwa
     int n = 0;
     for (const auto& r : micro) {
       if (static_cast<int>(r.bench) != b) continue;
-      const double e = std::abs(predict_micro(r, hw, hw.coefs.data()) / r.seconds - 1);
+      const double predicted = predict_micro(r, hw, hw.coefs.data());
+      if (!std::isfinite(predicted)) continue;  // a rate the profile does not give (pageable copies)
+      const double e = std::abs(predicted / r.seconds - 1);
       sum += e;
       mx = std::max(mx, e);
       ++n;

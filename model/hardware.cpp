@@ -191,11 +191,12 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
   }
 
   TomlReader h = r.subtable("host");
-  h.reject_unknown_keys({"pcie_gen", "h2d_bytes_per_s", "d2h_bytes_per_s", "cpu_cores_per_gpu",
+  h.reject_unknown_keys({"pcie_gen", "h2d_bytes_per_s", "d2h_bytes_per_s", "pageable_bytes_per_s", "cpu_cores_per_gpu",
                          "simd", "dram_bytes_per_s", "memory_bytes_per_gpu", "transformers_layer_s"});
   hw.host.pcie_gen = static_cast<int>(h.get_int("pcie_gen", 3, 7));
   hw.host.h2d_bytes_per_s = sourced(h, "h2d_bytes_per_s", 1e8, 1e13);
   hw.host.d2h_bytes_per_s = sourced(h, "d2h_bytes_per_s", 1e8, 1e13);
+  if (h.has("pageable_bytes_per_s")) hw.host.pageable_bytes_per_s = sourced(h, "pageable_bytes_per_s", 1e8, 1e13);
   hw.host.cpu_cores_per_gpu = sourced(h, "cpu_cores_per_gpu", 1, 1024);
   hw.host.simd = h.get_string("simd");
   if (hw.host.simd == "avx2") {

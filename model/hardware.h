@@ -58,6 +58,11 @@ struct HostSpec {
   int pcie_gen = 0;
   double h2d_bytes_per_s = 0;         // pinned host -> device, per GPU
   double d2h_bytes_per_s = 0;         // pinned device -> host, per GPU
+  // A copy between the GPU and pageable host memory (either way, per GPU): the CUDA driver stages
+  // it through its own pinned buffers, one thread copying on the host, and the issuing thread
+  // waits (`microbench --suite offload`, "h2d_pageable"/"d2h_pageable"). 0: not given (a plan
+  // with unpinned offload buffers cannot be timed on this profile).
+  double pageable_bytes_per_s = 0;
   double cpu_cores_per_gpu = 0;       // cores available to the job per GPU
   int simd_fp32_lanes = 0;            // 8 = AVX2, 16 = AVX-512
   std::string simd;                   // "avx2" or "avx512"

@@ -560,6 +560,26 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       f.h2d_bytes_step = offload_par || sixteen_bit ? 0.0 : shard_params * wb;
     }
   }
+  if (offload_opt && c.engine == Engine::kDeepSpeed && !c.offload_pinned) {
+    // "pin_memory": false (DeepSpeed's default). stage_1_and_2.py: the host sums of the gradients
+    // (buffer_to_accumulate_to_in_cpu) and the fp32 partition's gradient (initialize_optimizer_states)
+    // are then pageable, the fp32 weights stay pinned (pinned whatever the setting), so their copy
+    // up after the step is unchanged. stage3.py: the 16-bit gradient buffer
+    // (grad_partitions_flat_buffer) and the fp32 sub-groups' gradients are pageable; the
+    // parameters it fetches with parameter offload come from its flat buffer, pinned whatever
+    // the setting (param_groups_fp16_flat_cpu_memory). A copy into or out of pageable memory
+    // is synchronous for the thread that issues it (the CUDA driver stages it through its own
+    // pinned buffers), so the backward waits for each: the bytes leave the overlapped copies.
+    f.pageable_bytes_micro = f.grad_host_bytes_micro;
+    f.pageable_bytes_boundary = f.d2h_bytes_boundary;
+    f.grad_host_bytes_micro = 0.0;
+    f.d2h_bytes_boundary = 0.0;
+    f.pageable_bytes_per_s = hw.host.pageable_bytes_per_s;
+    if (!(f.pageable_bytes_per_s > 0.0))
+      throw InputError("hardware profile '" + hw.name +
+                       "': host.pageable_bytes_per_s is not given, so DeepSpeed's unpinned offload copies "
+                       "(--offload-pin-memory off) cannot be timed (microbench --suite offload measures it)");
+  }
   if (offload_opt && c.engine == Engine::kFsdp2) {
     // fully_shard with CPUOffloadPolicy: the fp32 parameter shard lives on the host and each
     // all-gather copies it up before casting (forward and, resharded, backward); gradients
@@ -863,16 +883,21 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // runtime/zero/stage_1_and_2.py: the fp32 partition and its fp32 gradient, pinned, and with
       // GAS > 1 the 16-bit accumulation buffers (accumulated_grads_in_cpu), one pinned tensor per
       // parameter of the partition.
+      // Unpinned ("pin_memory": false), the two gradient buffers are plain allocations, not rounded.
       const double fp32_partition = pinned_host_bytes(os_shard * 4.0);
+      const double fp32_grad = c.offload_pinned ? fp32_partition : os_shard * 4.0;
+      const double grad_sums = c.offload_pinned ? pinned_per_tensor_bytes(spec, wb) / n : trainable * wb / n;
       mem.host_opt_states_bytes = moments;
-      mem.host_grads_bytes = fp32_partition + (c.gas > 1 && !peft ? pinned_per_tensor_bytes(spec, wb) / n : 0.0);
+      mem.host_grads_bytes = fp32_grad + (c.gas > 1 && !peft ? grad_sums : 0.0);
       mem.host_pinned_buffers_bytes = fp32_partition;
     } else if (c.engine == Engine::kDeepSpeed) {
       // runtime/zero/stage3.py: the fp32 partition, its fp32 gradient pinned per sub-group of at
       // most sub_group_size (1e9) parameters, and the pinned 16-bit gradient partition buffer.
       const double groups = std::ceil(os_shard / kDeepSpeedSubGroupParams);
       mem.host_opt_states_bytes = moments;
-      mem.host_grads_bytes = groups * pinned_host_bytes(os_shard / groups * 4.0) + pinned_host_bytes(os_shard * wb);
+      mem.host_grads_bytes = c.offload_pinned ? groups * pinned_host_bytes(os_shard / groups * 4.0) +
+                                                    pinned_host_bytes(os_shard * wb)
+                                              : os_shard * (4.0 + wb);  // unpinned: not rounded
       mem.host_pinned_buffers_bytes = os_shard * 4.0;
       // With parameter offload the 16-bit partitions live in one pinned flat buffer per parameter
       // group (param_groups_fp16_flat_cpu_memory). zero.Init first pins each weight's partition on
@@ -882,8 +907,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // Measured on one H200, pythia-2.8b both offloads: host RSS 8.1 GB (bf16) and 15.1 GB (fp32)
       // above the flat buffer and optimizer buffers; the rounded partitions are 7.5 and 15.0 GB
       // (2026-12-01_peers_deepspeed_1gpu_c.jsonl, _zero3.jsonl).
+      // Unpinned, zero.Init's partitions are pageable and not kept by the pinned cache.
       if (offload_par)
-        mem.host_params_bytes = pinned_host_bytes((params / n) * wb) + pinned_per_tensor_bytes(spec, wb, n);
+        mem.host_params_bytes =
+            pinned_host_bytes((params / n) * wb) + (c.offload_pinned ? pinned_per_tensor_bytes(spec, wb, n) : 0.0);
     } else {
       // FSDP2 CPUOffloadPolicy: the fp32 shard of each parameter and its fp32 gradient on the host.
       mem.host_opt_states_bytes = moments;

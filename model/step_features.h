@@ -96,6 +96,11 @@ struct StepFeatures {
   // threads, and bytes staged from pageable host memory to the GPU by one thread (DeepSpeed ZeRO-3).
   double host_convert_bytes_step = 0, pageable_h2d_bytes_step = 0;
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
+  // DeepSpeed's offload with unpinned host buffers (TrainConfig::offload_pinned false): the bytes
+  // each non-boundary micro-batch and the last one copy between the GPU and pageable memory, which
+  // the driver stages and the issuing thread waits for (serial, nothing hides them), at
+  // pageable_bytes_per_s (HostSpec).
+  double pageable_bytes_micro = 0, pageable_bytes_boundary = 0, pageable_bytes_per_s = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;
   double opt_pipelined = 1;         // offload: 1 pipelined over units during the backward, 0 serial after it

@@ -99,6 +99,7 @@ ConfigFieldNames json_config_names(const std::string& where) {
   n.precision = where + ".precision";
   n.offload_order = where + ".offload_pipeline";
   n.grad_sync = where + ".grad_sync_each_micro";
+  n.offload_pin_memory = where + ".offload_pin_memory";
   return n;
 }
 
@@ -143,6 +144,10 @@ void validate_config(const TrainConfig& c, const ConfigFieldNames& n) {
     throw InputError(n.offload_optimizer + " cpu needs " + n.stage + " 1, 2 or 3 (got " + stage + ")");
   if (c.offload_overlap_forward && !(c.offload_optimizer == OffloadDevice::kCpu && c.offload_pipeline))
     throw InputError(n.offload_pipeline + " (--offload-pipeline full) needs the pipelined CPU optimizer offload");
+  if (!c.offload_pinned && !(c.engine == Engine::kDeepSpeed && c.offload_optimizer == OffloadDevice::kCpu))
+    throw InputError(n.offload_pin_memory + ": unpinned (pageable) offload buffers are DeepSpeed's setting with " +
+                     n.offload_optimizer + " cpu (got engine " + engine_name(c.engine) + ", " + n.offload_optimizer +
+                     " " + offload_name(c.offload_optimizer) + "): the backend and FSDP2 pin their host buffers");
   check_size(c.micro_batch, n.micro_batch, int64_t{1} << 20, "2^20");
   check_size(c.gas, n.gas, int64_t{1} << 20, "2^20");
   validate_job(c, n);

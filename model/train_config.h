@@ -90,6 +90,13 @@ struct TrainConfig {
   // torch's allocator: the backend sets it with `train --gpu-allocator`, the peers' launch with
   // the variable.
   bool gpu_expandable_segments = false;
+  // DeepSpeed's CPU offload with its host buffers page-locked (true: "pin_memory": true, what the
+  // planner's configs write) or in pageable memory (false: DeepSpeed's own default,
+  // deepspeed/runtime/zero/offload_config.py, which the founding report's ds_config.json kept).
+  // Copies between the GPU and pageable memory are staged by the CUDA driver through its own
+  // pinned buffers and block the issuing thread (step_features.cpp). The backend always pins;
+  // FSDP2's CPUOffloadPolicy pins by default and is run so.
+  bool offload_pinned = true;
 
   bool peft_enabled() const { return peft != PeftKind::kNone; }
   int world_size() const { return gpus_per_node * nodes; }
@@ -135,7 +142,7 @@ struct ConfigFieldNames {
               gpus = "--gpus", nodes = "--nodes", engine = "--engine", peft = "--peft", lora_rank = "--lora-rank",
               lora_alpha = "--lora-alpha", lora_dropout = "--lora-dropout",
               offload_order = "--offload-pipeline",  // whether the CPU optimizer is pipelined
-              grad_sync = "--grad-sync", precision = "--precision";
+              grad_sync = "--grad-sync", precision = "--precision", offload_pin_memory = "--offload-pin-memory";
 };
 // `where` + ".zero_stage" and so on (train_config_json.h's keys).
 ConfigFieldNames json_config_names(const std::string& where);

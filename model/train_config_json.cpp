@@ -30,6 +30,7 @@ nlohmann::json train_config_to_json(const TrainConfig& c) {
   if (c.engine != Engine::kStepcast) j["engine"] = engine_name(c.engine);
   if (c.grad_sync_each_micro) j["grad_sync_each_micro"] = true;
   if (c.gpu_expandable_segments) j["gpu_allocator"] = gpu_allocator_name(c);
+  if (!c.offload_pinned) j["offload_pin_memory"] = false;
   if (pipelined_offload_uploads(c)) j["offload_uploads_in_backward"] = c.offload_uploads_in_backward;
   if (c.peft_enabled()) {
     j["peft"] = peft_name(c.peft);
@@ -96,6 +97,10 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     // Absent: torch's default allocator (every record from before the key existed).
     if (j.contains("gpu_allocator"))
       c.gpu_expandable_segments = parse_gpu_allocator(j.at("gpu_allocator").get<std::string>(), where + ".gpu_allocator");
+    // Absent: pinned host buffers (every engine's records before the key existed pinned them, but
+    // for the unpinned DeepSpeed runs of data/runs/h100-sxm/2026-12-06_unpinned_offload_*, whose
+    // key was added from bench/unpinned_offload.sh).
+    c.offload_pinned = boolean_key(j, "offload_pin_memory", where, true, false);
     // Absent: a record from before the backend uploaded during the backward (or a plan then).
     c.offload_uploads_in_backward = boolean_key(j, "offload_uploads_in_backward", where, false, false);
     if (j.contains("peft")) {
@@ -143,7 +148,7 @@ std::string config_key(const std::string& model, const TrainConfig& c) {
          (c.attention == AttentionKind::kFlash ? "" : std::string(" attn=") + attention_name(c.attention)) +
          (c.engine == Engine::kStepcast ? "" : std::string(" engine=") + engine_name(c.engine)) +
          (c.grad_sync_each_micro ? " sync=each" : "") +
-         (c.gpu_expandable_segments ? " alloc=expandable" : "") +
+         (c.gpu_expandable_segments ? " alloc=expandable" : "") + (c.offload_pinned ? "" : " pin=off") +
          (c.peft_enabled() ? std::string(" peft=") + peft_name(c.peft) + " r" + std::to_string(c.lora_rank) + " " +
                                  lora_targets_name(c.lora_targets) + (c.lora_dropout > 0 ? " dropout" : "")
                            : "");

@@ -87,14 +87,18 @@ LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
     zero["contiguous_gradients"] = true;
     zero["reduce_scatter"] = true;
     zero["reduce_bucket_size"] = bucket;
-    zero["offload_optimizer"] = {{"device", offload_name(c.offload_optimizer)}, {"pin_memory", true}};
+    zero["offload_optimizer"] = {{"device", offload_name(c.offload_optimizer)}, {"pin_memory", c.offload_pinned}};
     // DeepSpeed's own default is pin_memory false (deepspeed/runtime/zero/offload_config.py): its
     // offload copies then run from pageable host memory. Measured on one H100 with ZeRO-2,
     // pythia-2.8b at 4 x 2048, GAS 2: 2.02 s a step pinned, 4.07 s not
-    // (data/runs/h100-sxm/2026-12-06_unpinned_offload_*_1gpu.jsonl, docs/diagnose.md).
+    // (data/runs/h100-sxm/2026-12-06_unpinned_offload_*_1gpu.jsonl, docs/diagnose.md). The key is
+    // written either way, so the config runs as the plan was predicted.
     if (c.offload_optimizer == OffloadDevice::kCpu)
-      out.notes.push_back("offload buffers pinned (\"pin_memory\": true): DeepSpeed's default, false, ran the same "
-                          "ZeRO-2 offload plan 2.0x slower on one H100 (its copies from pageable memory)");
+      out.notes.push_back(c.offload_pinned
+                              ? "offload buffers pinned (\"pin_memory\": true): DeepSpeed's default, false, ran the "
+                                "same ZeRO-2 offload plan 2.0x slower on one H100 (its copies from pageable memory)"
+                              : "offload buffers unpinned (\"pin_memory\": false, DeepSpeed's default, as asked): "
+                                "--offload-pin-memory on predicts the faster pinned plan");
     if (c.zero_stage <= 2) {
       zero["allgather_partitions"] = true;
       zero["allgather_bucket_size"] = bucket;
@@ -104,7 +108,7 @@ LauncherConfig deepspeed_config(const ModelSpec& model, const TrainConfig& c) {
       zero["stage3_max_live_parameters"] = static_cast<int64_t>(kDeepSpeedMaxLiveParams);
       zero["stage3_max_reuse_distance"] = static_cast<int64_t>(1e9);
       zero["stage3_gather_16bit_weights_on_model_save"] = true;
-      zero["offload_param"] = {{"device", offload_name(c.offload_params)}, {"pin_memory", true}};
+      zero["offload_param"] = {{"device", offload_name(c.offload_params)}, {"pin_memory", c.offload_pinned}};
     }
   }
   ds["zero_optimization"] = zero;

@@ -215,6 +215,7 @@ ScaledMachine scale_machine(const HardwareProfile& hw_engine, const TrainConfig&
   }
   m.hardware.host.h2d_bytes_per_s *= speeds[Resource::kPcie];
   m.hardware.host.d2h_bytes_per_s *= speeds[Resource::kPcie];
+  m.hardware.host.pageable_bytes_per_s *= speeds[Resource::kPcie];  // the same copies, staged
   m.hardware.links.intra_node_bytes_per_s *= speeds[Resource::kIntraNode];
   m.hardware.links.inter_node_bytes_per_s *= speeds[Resource::kInterNode];
   // The host's issue times: per layer (the launch-bound floor), per hooked fetch and gradient hook

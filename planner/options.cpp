@@ -210,6 +210,11 @@ void add_explain_config(CLI::App* app, ExplainOptions& e) {
                   "FSDP2 with GAS > 1: last (reduce-scatter after the last micro-batch only, holding whole fp32 "
                   "gradients until then; Accelerate's accumulation) | each (after every micro-batch)")
       ->capture_default_str();
+  app->add_option("--offload-pin-memory", e.offload_pin_memory,
+                  "DeepSpeed with --offload-optimizer cpu: on (\"pin_memory\": true, what the configs written here "
+                  "set) | off (DeepSpeed's default: host buffers in pageable memory, copied through the CUDA "
+                  "driver's staging buffers)")
+      ->capture_default_str();
 }
 
 TrainConfig explain_config(const CommonOptions& o, const ExplainOptions& e, const ModelSpec& model) {
@@ -225,6 +230,7 @@ TrainConfig explain_config(const CommonOptions& o, const ExplainOptions& e, cons
   } else if (e.grad_sync != "last") {
     throw InputError("--grad-sync \"" + e.grad_sync + "\" is not valid (valid: last, each)");
   }
+  c.offload_pinned = parse_on_off(e.offload_pin_memory, "--offload-pin-memory");
   if (e.checkpointing == "on" || e.checkpointing == "true") {
     c.activation_checkpointing = true;
   } else if (e.checkpointing == "off" || e.checkpointing == "false") {

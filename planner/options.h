@@ -82,6 +82,7 @@ struct ExplainOptions {
   bool offload_pipeline_given = false;
   std::string engine = "stepcast";
   std::string grad_sync = "last";
+  std::string offload_pin_memory = "on";
 };
 
 void add_explain_config(CLI::App* app, ExplainOptions& e);

@@ -527,6 +527,15 @@ def main():
         if not a.deepspeed_config:
             fail("--deepspeed-config is required with --engine deepspeed")
         ds_config = json.load(open(a.deepspeed_config))
+        # The record's config.offload_pin_memory (absent: pinned) must be what DeepSpeed runs:
+        # offload_optimizer.pin_memory, whose own default is false (runtime/zero/offload_config.py).
+        offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {})
+        if offload.get("device", "none") == "cpu":
+            pinned = bool(offload.get("pin_memory", False))
+            if pinned != c.get("offload_pin_memory", True):
+                fail(f"{a.deepspeed_config}: zero_optimization.offload_optimizer.pin_memory is "
+                     f"{str(pinned).lower()}, but {a.plan}: plans[0].config.offload_pin_memory is "
+                     f"{str(c.get('offload_pin_memory', True)).lower()}")
         micro, n_params = build_deepspeed(cfg, c, ds_config, local_rank)
     elif a.engine == "torch-peft":
         if c.get("peft", "none") == "none" or world != 1:
