@@ -26,7 +26,8 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, bool grad
   t.reject_unknown_keys({"where", "model", "hardware", "gpus", "seq", "micro_batch", "gas", "precision",
                          "checkpointing", "stage", "offload_optimizer", "offload_params", "optimizer",
                          "tokens_per_s_per_gpu", "step_s", "gas_time_s", "opt_time_s", "peak_memory_gib",
-                         "cpu_cores_per_node", "cpu_mem_gib_per_node", "cpu_threads_per_rank", "attention"});
+                         "cpu_cores_per_node", "cpu_mem_gib_per_node", "cpu_threads_per_rank", "attention",
+                         "offload_pin_memory"});
   PublishedRow r;
   r.where = t.get_string("where");
   r.model_name = t.get_string("model");
@@ -72,6 +73,8 @@ PublishedRow parse_row(const TomlReader& t, const std::string& engine, bool grad
   // DeepSpeed runs its CPU optimizer after the backward, then the uploads.
   if (c.engine == Engine::kDeepSpeed) c.offload_pipeline = false;
   c.grad_sync_each_micro = grad_sync_each && c.gas > 1;
+  // DeepSpeed's offload_optimizer.pin_memory as the source's config set it (absent: pinned).
+  c.offload_pinned = t.get_bool_or("offload_pin_memory", true);
   validate_config(c, json_config_names(t.origin() + ": " + t.key_path("")));
   r.tokens_per_s_per_gpu = t.get_double("tokens_per_s_per_gpu", 1e-6, 1e12);
   r.step_s = t.get_double_or("step_s", 0.0, 0.0, 1e7);

@@ -1074,3 +1074,78 @@ TEST_CASE("[coefficients.measured]: written, read back, applied over the referen
                        InputError);
   fs::remove_all(dir);
 }
+
+TEST_CASE("DeepSpeed with unpinned offload buffers: its gradient copies are staged and serial (hand count)") {
+  const ModelSpec m = model("llama-2-7b");
+  HardwareProfile hw = hardware("h200-sxm");
+  hw.host.pageable_bytes_per_s = 10e9;
+  const double P = static_cast<double>(m.total_params()) / 2.0;  // partition of one of 2 ranks
+  // ZeRO-2, GAS 4 (stage_1_and_2.py with "pin_memory": false): the host sums and the fp32
+  // gradient are pageable, so what the pinned plan overlaps, (3 x 2 + 2 x 2) / 3 B per
+  // non-boundary micro-batch and 6 B at the boundary, goes through the staging path; the fp32
+  // weights stay pinned, so their 4 B copy up is unchanged.
+  TrainConfig c = offload(Engine::kDeepSpeed, 2, 4);
+  c.offload_pinned = false;
+  const StepFeatures f = make_features(m, hw, c).step;
+  CHECK(test::close(f.pageable_bytes_micro, P * (3 * 2.0 + 2 * 2.0) / 3.0, 1e-12));
+  CHECK(test::close(f.pageable_bytes_boundary, P * 6.0, 1e-12));
+  CHECK(f.grad_host_bytes_micro == 0.0);
+  CHECK(f.d2h_bytes_boundary == 0.0);
+  CHECK(test::close(f.h2d_bytes_step, P * 4.0, 1e-12));
+  CHECK(f.pageable_bytes_per_s == 10e9);
+  // Stage 1 copies at the boundary only: the zero host buffer up (2 B) and the fp32 sum down (4 B).
+  TrainConfig s1 = offload(Engine::kDeepSpeed, 1, 4);
+  s1.offload_pinned = false;
+  const StepFeatures f1 = make_features(m, hw, s1).step;
+  CHECK(f1.pageable_bytes_micro == 0.0);
+  CHECK(test::close(f1.pageable_bytes_boundary, P * 6.0, 1e-12));
+  // Stage 3, bf16: the 16-bit buffer down and up every micro-batch (2 x 2 B); the boundary's
+  // 16-bit round trip is pageable too, its fp32 copy still staged through torch's temporary.
+  TrainConfig s3 = offload(Engine::kDeepSpeed, 3, 4);
+  s3.offload_pinned = false;
+  const StepFeatures f3 = make_features(m, hw, s3).step;
+  CHECK(test::close(f3.pageable_bytes_micro, P * 4.0, 1e-12));
+  CHECK(test::close(f3.pageable_bytes_boundary, P * 4.0, 1e-12));
+  CHECK(test::close(f3.staged_d2h_bytes_boundary, P * 2.0, 1e-12));
+
+  // Time: the pageable seconds add to the micro-batches they belong to. Against the pinned plan
+  // the step gains them and loses at most what its overlapped copies exposed.
+  const auto coefs = for_engine(hw, "deepspeed").coefs;
+  const StepTime<double> un = predict_step_time(f, coefs.data());
+  const StepTime<double> pin = predict_step_time(make_features(m, hw, offload(Engine::kDeepSpeed, 2, 4)).step, coefs.data());
+  const double pageable_s = (3.0 * P * 10.0 / 3.0 + P * 6.0) / 10e9;  // 16 P bytes at 10 GB/s
+  CHECK(un.step_s <= pin.step_s + pageable_s + 1e-9);
+  CHECK(un.step_s >= pin.step_s + pageable_s - pin.offload_transfer_s - 1e-9);
+  CHECK(un.offload_transfer_total_s >= pageable_s);
+
+  // Host memory: unpinned gradient buffers are not rounded to powers of two: 4 B of fp32
+  // gradient per parameter of the partition (13 476 831 232 B, not 2^34) plus, at GAS 4, the
+  // 16-bit sums (2 B a parameter, halved over the ranks).
+  const MemoryFeatures mem = make_features(m, hw, c).memory;
+  CHECK(mem.host_grads_bytes == doctest::Approx(4.0 * P + 2.0 * P).epsilon(1e-12));
+  CHECK(mem.host_pinned_buffers_bytes == 17179869184.0);  // the fp32 weights, pinned whatever the setting
+}
+
+TEST_CASE("unpinned offload buffers: DeepSpeed's setting only, timed only where the profile gives the rate") {
+  const ModelSpec m = model("llama-2-7b");
+  HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig c = offload(Engine::kFsdp2, 3, 2);
+  c.offload_pinned = false;
+  CHECK_THROWS_WITH_AS(validate_config(c), doctest::Contains("--offload-pin-memory"), InputError);
+  TrainConfig none = offload(Engine::kDeepSpeed, 2, 2);
+  none.offload_optimizer = OffloadDevice::kNone;
+  none.offload_pinned = false;
+  CHECK_THROWS_WITH_AS(validate_config(none), doctest::Contains("DeepSpeed's setting"), InputError);
+  TrainConfig ds = offload(Engine::kDeepSpeed, 2, 2);
+  ds.offload_pinned = false;
+  CHECK_NOTHROW(validate_config(ds));
+  hw.host.pageable_bytes_per_s = 0.0;
+  CHECK_THROWS_WITH_AS(make_features(m, hw, ds), doctest::Contains("host.pageable_bytes_per_s"), InputError);
+  // The key: written only when unpinned, and part of the configuration key.
+  const nlohmann::json j = train_config_to_json(ds);
+  CHECK(j.at("offload_pin_memory") == false);
+  CHECK(train_config_from_json(j, "plan").offload_pinned == false);
+  CHECK_FALSE(train_config_to_json(offload(Engine::kDeepSpeed, 2, 2)).contains("offload_pin_memory"));
+  CHECK(config_key("m", ds) != config_key("m", offload(Engine::kDeepSpeed, 2, 2)));
+  CHECK(config_key("m", ds).find(" pin=off") != std::string::npos);
+}
