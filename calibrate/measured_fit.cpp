@@ -1,4 +1,5 @@
 #include "calibrate/measured_fit.h"
+#include "model/toml_edit.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -119,7 +120,17 @@ int run_measured_fit(const std::vector<std::string>& run_files, const std::strin
                       std::to_string(micro.size()) + " micro-benchmarks fnv1a64:" + fnv1a64_of_files(files) + "; " + fit_text;
   for (const auto& f : files) m.measured.runs.push_back(as_named(f, data_dir));
   const std::string target = out_path.empty() ? hw.path : out_path;
-  const std::string text = with_measured_components(read_text_file(hw.path), m.measured);
+  std::string text = with_measured_components(read_text_file(hw.path), m.measured);
+  // The host's pageable copy rate is the host's own number, measured here, not a ratio.
+  const double pageable_bps = pageable_copy_bytes_per_s(micro);
+  if (pageable_bps > 0.0) {
+    char value[320];
+    std::snprintf(value, sizeof value,
+                  "{ value = %.4g, source = \"microbench --suite offload: median of %s's h2d_pageable and d2h_pageable "
+                  "records of 16 MiB and up (calibrate fit %s)\" }",
+                  pageable_bps, as_named(files.front(), data_dir).c_str(), utc_date_today().c_str());
+    upsert_toml_key(text, "host", "pageable_bytes_per_s", value, hw.path);
+  }
   parse_hardware_profile(text, target);  // what we write must read back
   write_file_atomic(target, text);
 

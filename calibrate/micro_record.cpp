@@ -1,5 +1,7 @@
 #include "calibrate/micro_record.h"
 
+#include "common/stats.h"
+
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -145,6 +147,14 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
 }
 
 bool times_gpu(MicroBench b) { return b != MicroBench::kCpuOptimizer; }
+
+double pageable_copy_bytes_per_s(const std::vector<MicroRecord>& micro) {
+  std::vector<double> rates;
+  for (const MicroRecord& r : micro)
+    if ((r.bench == MicroBench::kH2DPageable || r.bench == MicroBench::kD2HPageable) && r.bytes >= 16 * kBytesPerMiB)
+      rates.push_back(r.bytes / r.seconds);
+  return median(rates);
+}
 
 std::vector<Coef> micro_coefs(const MicroRecord& r) {
   std::vector<Coef> out = micro_coefs(r.bench);

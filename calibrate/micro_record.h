@@ -49,6 +49,11 @@ struct MicroRecord {
 // a malformed micro line fails with file:line and the key.
 std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& files);
 
+// The host's rate for copies between the GPU and pageable memory (HostSpec::pageable_bytes_per_s):
+// the median of bytes / seconds over the h2d_pageable and d2h_pageable records of 16 MiB and up
+// (the sizes of a layer's tensors, past the per-copy latency); 0 where there are none.
+double pageable_copy_bytes_per_s(const std::vector<MicroRecord>& micro);
+
 // True for the benchmarks that time the GPU or its links (all but the CPU optimizer): on a
 // "cpu" device they time the CPU instead and measure nothing of the GPU.
 bool times_gpu(MicroBench b);

@@ -68,4 +68,30 @@ void set_toml_key(std::string& text, const std::string& table, const std::string
   throw InputError(origin + ": key '" + (table.empty() ? key : table + "." + key) + "' is missing");
 }
 
+void upsert_toml_key(std::string& text, const std::string& table, const std::string& key, const std::string& value_text,
+                     const std::string& origin) {
+  try {
+    set_toml_key(text, table, key, value_text, origin);
+    return;
+  } catch (const InputError&) {
+  }
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t eol = text.find('\n', pos);
+    const size_t end = eol == std::string::npos ? text.size() : eol;
+    bool is_header = false;
+    if (header_table(text.substr(pos, end - pos), is_header) == table && is_header) {
+      const std::string line = key + " = " + value_text + "\n";
+      if (eol == std::string::npos) {
+        text += "\n" + line;
+      } else {
+        text.insert(eol + 1, line);
+      }
+      return;
+    }
+    pos = end + 1;
+  }
+  throw InputError(origin + ": table '[" + table + "]' is missing");
+}
+
 }  // namespace stepcast

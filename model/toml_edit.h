@@ -18,4 +18,9 @@ bool erase_toml_table(std::string& text, const std::string& name);
 void set_toml_key(std::string& text, const std::string& table, const std::string& key, const std::string& value_text,
                   const std::string& origin);
 
+// As set_toml_key, but where table `table` holds no such line the line is added right after its
+// header. Throws InputError "ORIGIN: table '[TABLE]' is missing" when there is no header.
+void upsert_toml_key(std::string& text, const std::string& table, const std::string& key, const std::string& value_text,
+                     const std::string& origin);
+
 }  // namespace stepcast

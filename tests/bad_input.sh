@@ -120,6 +120,9 @@ t 2 "--attention" "$PLANNER" recommend --model 6b --gpus 2 --engine fsdp2 --atte
 t 2 "max_position_embeddings" "$PLANNER" explain --model 6b --engine deepspeed --seq 4096
 t 2 "max_position_embeddings" "$PLANNER" recommend --model 6b --gpus 2 --engine fsdp2 --seq 4096
 t 2 "--precision fp16: the Stepcast backend trains in bf16 or fp32" "$PLANNER" recommend --model 7b --precision fp16
+t 2 "--offload-pin-memory \"sometimes\" is not valid" "$PLANNER" explain --model 6b --engine deepspeed --stage 2 --offload-optimizer cpu --offload-pin-memory sometimes
+t 2 "--offload-pin-memory: unpinned .* DeepSpeed's setting" "$PLANNER" explain --model 6b --engine fsdp2 --stage 3 --offload-optimizer cpu --offload-params cpu --offload-pin-memory off
+t 2 "--offload-pin-memory: unpinned .* DeepSpeed's setting" "$PLANNER" explain --model 6b --engine deepspeed --stage 2 --offload-pin-memory off
 for flag in --offload-optimizer --offload-params --optimizer --offload-pipeline --checkpointing; do
   t 2 "$flag" "$PLANNER" explain --model 7b "$flag" maybe
 done
