@@ -1022,3 +1022,27 @@ TEST_CASE("one H100, expandable segments: measured pairs against the model, and 
   }
   CHECK(stage2 == 1);
 }
+
+TEST_CASE("the host's pageable copy rate: the median over the pageable copies of 16 MiB and up") {
+  // Rates 8, 10, 12 and 20 GB/s at 16 MiB and up (median (10 + 12) / 2 = 11 GB/s); a 4 MiB copy at
+  // 1 GB/s and the pinned copies do not count.
+  auto rec = [](MicroBench b, double mib, double bytes_per_s) {
+    MicroRecord r;
+    r.bench = b;
+    r.bytes = mib * 1048576.0;
+    r.seconds = r.bytes / bytes_per_s;
+    return r;
+  };
+  const std::vector<MicroRecord> micro = {
+      rec(MicroBench::kH2DPageable, 16, 8e9),  rec(MicroBench::kD2HPageable, 64, 10e9),
+      rec(MicroBench::kH2DPageable, 256, 12e9), rec(MicroBench::kD2HPageable, 1024, 20e9),
+      rec(MicroBench::kH2DPageable, 4, 1e9),    rec(MicroBench::kH2D, 1024, 50e9)};
+  CHECK(pageable_copy_bytes_per_s(micro) == doctest::Approx(11e9).epsilon(1e-12));
+  CHECK(pageable_copy_bytes_per_s({rec(MicroBench::kH2D, 1024, 50e9)}) == 0.0);
+  // The record predicts its seconds at the profile's rate, and no coefficient reads it.
+  HardwareProfile hw = test::hardware("h200-sxm");
+  hw.host.pageable_bytes_per_s = 10e9;
+  CHECK(predict_micro(micro[1], hw, hw.coefs.data()) == doctest::Approx(micro[1].seconds).epsilon(1e-12));
+  CHECK(micro_coefs(MicroBench::kD2HPageable).empty());
+}
+

@@ -145,3 +145,28 @@ TEST_CASE("set_toml_key replaces one key of one table and nothing else; erase_to
   CHECK(sections == "a = 1\n[engines.y]\nk = 3\n");
   CHECK_FALSE(erase_toml_table(sections, "engines.z"));
 }
+
+TEST_CASE("upsert_toml_key replaces a key where it is, else adds it right after its table's header") {
+  std::string text =
+      "[gpu]\n"
+      "rate = 1\n"
+      "[host]\n"
+      "pcie_gen = 5\n"
+      "[links]\n"
+      "rate = 2\n";
+  upsert_toml_key(text, "host", "pageable_bytes_per_s", "{ value = 1e10, source = \"m\" }", "t.toml");
+  upsert_toml_key(text, "links", "rate", "3", "t.toml");
+  CHECK(text ==
+        "[gpu]\n"
+        "rate = 1\n"
+        "[host]\n"
+        "pageable_bytes_per_s = { value = 1e10, source = \"m\" }\n"
+        "pcie_gen = 5\n"
+        "[links]\n"
+        "rate = 3\n");
+  upsert_toml_key(text, "host", "pageable_bytes_per_s", "{ value = 2e10, source = \"n\" }", "t.toml");
+  CHECK(text.find("pageable_bytes_per_s = { value = 2e10, source = \"n\" }\npcie_gen") != std::string::npos);
+  CHECK(text.find("1e10") == std::string::npos);
+  CHECK_THROWS_WITH_AS(upsert_toml_key(text, "nics", "rate", "1", "t.toml"),
+                       doctest::Contains("t.toml: table '[nics]' is missing"), InputError);
+}
