@@ -7,6 +7,7 @@
 #include "common/errors.h"
 #include "common/units.h"
 #include "model/model_spec.h"
+#include "planner/deepspeed_config_in.h"
 
 namespace stepcast {
 
@@ -210,6 +211,11 @@ void add_explain_config(CLI::App* app, ExplainOptions& e) {
                   "FSDP2 with GAS > 1: last (reduce-scatter after the last micro-batch only, holding whole fp32 "
                   "gradients until then; Accelerate's accumulation) | each (after every micro-batch)")
       ->capture_default_str();
+  e.app = app;
+  app->add_option("--from-deepspeed", e.from_deepspeed,
+                  "a DeepSpeed JSON the job runs with: its ZeRO stage, offload (and pin_memory, default false), "
+                  "micro-batch, GAS and precision set the configuration (engine deepspeed); keys that are absent or "
+                  "\"auto\" leave the flags; a flag that contradicts a key is an error");
   app->add_option("--offload-pin-memory", e.offload_pin_memory,
                   "DeepSpeed with --offload-optimizer cpu: on (\"pin_memory\": true, what the configs written here "
                   "set) | off (DeepSpeed's default: host buffers in pageable memory, copied through the CUDA "
@@ -217,7 +223,57 @@ void add_explain_config(CLI::App* app, ExplainOptions& e) {
       ->capture_default_str();
 }
 
-TrainConfig explain_config(const CommonOptions& o, const ExplainOptions& e, const ModelSpec& model) {
+namespace {
+
+// The flags with what a DeepSpeed JSON fixes merged in: a key's value where the flag was not
+// given, the flag where the key is absent or "auto"; both and different is an error naming both.
+void merge_deepspeed_job(const std::string& path, CommonOptions& o, ExplainOptions& e) {
+  const DeepSpeedJob job = read_deepspeed_job(path);
+  const auto given = [&](const char* flag) { return e.app != nullptr && e.app->count(flag) > 0; };
+  const auto merge = [&](const char* flag, std::string& value, const std::string& from_json, const std::string& key) {
+    if (given(flag) && value != from_json)
+      throw InputError(path + ": key '" + key + "' sets " + from_json + ", but " + flag + " " + value);
+    value = from_json;
+  };
+  const auto merge_int = [&](const char* flag, auto& value, int64_t from_json, const std::string& key) {
+    if (given(flag) && static_cast<int64_t>(value) != from_json)
+      throw InputError(path + ": key '" + key + "' = " + std::to_string(from_json) + ", but " + flag + " " +
+                       std::to_string(value));
+    value = static_cast<std::remove_reference_t<decltype(value)>>(from_json);
+  };
+  if (given("--engine") && e.engine != "deepspeed")
+    throw InputError("--from-deepspeed " + path + " describes a DeepSpeed job, but --engine " + e.engine);
+  e.engine = "deepspeed";
+  if (job.stage) merge_int("--stage", e.stage, *job.stage, "zero_optimization.stage");
+  if (job.offload_optimizer)
+    merge("--offload-optimizer", e.offload_optimizer, offload_name(*job.offload_optimizer),
+          "zero_optimization.offload_optimizer.device");
+  if (job.offload_params)
+    merge("--offload-params", e.offload_params, offload_name(*job.offload_params), "zero_optimization.offload_param.device");
+  if (job.offload_pinned && e.offload_optimizer == "cpu")
+    merge("--offload-pin-memory", e.offload_pin_memory, *job.offload_pinned ? "on" : "off",
+          "zero_optimization.offload_optimizer.pin_memory");
+  if (job.micro_batch) merge_int("--micro-batch", e.micro_batch, *job.micro_batch, "train_micro_batch_size_per_gpu");
+  if (job.gas) merge_int("--gas", e.gas, *job.gas, "gradient_accumulation_steps");
+  if (job.precision) merge("--precision", o.precision, precision_name(*job.precision), "bf16.enabled / fp16.enabled");
+  if (job.train_batch) {
+    // train_batch_size = micro-batch x GAS x ranks (DeepSpeed's batch assertion): the GAS it implies.
+    const int64_t per_step = e.micro_batch * static_cast<int64_t>(o.gpus) * o.nodes;
+    if (!job.gas && *job.train_batch % per_step == 0 && !given("--gas")) e.gas = *job.train_batch / per_step;
+    if (*job.train_batch != e.micro_batch * e.gas * o.gpus * o.nodes)
+      throw InputError(path + ": key 'train_batch_size' = " + std::to_string(*job.train_batch) +
+                       " is not micro-batch " + std::to_string(e.micro_batch) + " x GAS " + std::to_string(e.gas) +
+                       " x " + std::to_string(o.gpus * o.nodes) + " GPUs");
+  }
+  for (const std::string& note : job.notes) std::fprintf(stderr, "planner: %s: %s\n", path.c_str(), note.c_str());
+}
+
+}  // namespace
+
+TrainConfig explain_config(const CommonOptions& common, const ExplainOptions& given, const ModelSpec& model) {
+  CommonOptions o = common;
+  ExplainOptions e = given;
+  if (!e.from_deepspeed.empty()) merge_deepspeed_job(e.from_deepspeed, o, e);
   TrainConfig c = base_config(o, model, parse_engine(e.engine, "--engine"));
   c.zero_stage = e.stage;
   c.offload_optimizer = parse_offload(e.offload_optimizer, "--offload-optimizer");

@@ -83,6 +83,9 @@ struct ExplainOptions {
   std::string engine = "stepcast";
   std::string grad_sync = "last";
   std::string offload_pin_memory = "on";
+  // --from-deepspeed FILE: a DeepSpeed JSON that fixes what it sets (planner/deepspeed_config_in.h).
+  std::string from_deepspeed;
+  const CLI::App* app = nullptr;  // the command these were parsed by: which flags were given
 };
 
 void add_explain_config(CLI::App* app, ExplainOptions& e);
