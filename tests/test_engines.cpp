@@ -13,6 +13,7 @@
 #include "model/memory_model.h"
 #include "model/prediction.h"
 #include "model/train_config_json.h"
+#include "planner/deepspeed_config_in.h"
 #include "planner/k8s_manifest.h"
 #include "planner/plan_search.h"
 #include "test_util.h"
@@ -1148,4 +1149,52 @@ TEST_CASE("unpinned offload buffers: DeepSpeed's setting only, timed only where 
   CHECK_FALSE(train_config_to_json(offload(Engine::kDeepSpeed, 2, 2)).contains("offload_pin_memory"));
   CHECK(config_key("m", ds) != config_key("m", offload(Engine::kDeepSpeed, 2, 2)));
   CHECK(config_key("m", ds).find(" pin=off") != std::string::npos);
+}
+
+TEST_CASE("a user's DeepSpeed JSON: what each key fixes, and DeepSpeed's defaults where it is silent") {
+  // The founding report's shape (written here, not copied): fp16 "auto", AdamW, ZeRO-3 with the
+  // optimizer on the CPU and no pin_memory, batch sizes "auto".
+  const nlohmann::json founding = nlohmann::json::parse(R"({
+    "fp16": {"enabled": "auto", "loss_scale": 0},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+    "zero_optimization": {"stage": 3, "overlap_comm": true, "offload_optimizer": {"device": "cpu"}},
+    "gradient_accumulation_steps": "auto", "train_micro_batch_size_per_gpu": "auto"})");
+  const DeepSpeedJob job = parse_deepspeed_job(founding, "ds.json");
+  CHECK(job.stage == 3);
+  CHECK(job.offload_optimizer == OffloadDevice::kCpu);
+  CHECK_FALSE(job.offload_params.has_value());
+  CHECK(job.offload_pinned == false);  // offload_config.py: pin_memory defaults to false
+  CHECK_FALSE(job.micro_batch.has_value());
+  CHECK_FALSE(job.gas.has_value());
+  CHECK_FALSE(job.precision.has_value());  // "auto": the flag says
+  // Explicit values, the deprecated switch, pinning on.
+  const DeepSpeedJob full = parse_deepspeed_job(nlohmann::json::parse(R"({
+    "bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "train_batch_size": 16,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}})"),
+                                                "ds.json");
+  CHECK(full.precision == Precision::kBf16);
+  CHECK(full.micro_batch == 4);
+  CHECK(full.gas == 2);
+  CHECK(full.train_batch == 16);
+  CHECK(full.offload_pinned == true);
+  const DeepSpeedJob legacy = parse_deepspeed_job(
+      nlohmann::json::parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})"), "ds.json");
+  CHECK(legacy.offload_optimizer == OffloadDevice::kCpu);
+  CHECK(legacy.offload_pinned == false);
+  CHECK(parse_deepspeed_job(nlohmann::json::parse(R"({"bf16": {"enabled": false}, "fp16": {"enabled": false}})"),
+                            "ds.json").precision == Precision::kFp32);
+  // What DeepSpeed rejects or the model does not cover: one line naming the file, key and value.
+  const auto fails = [](const char* text, const char* what) {
+    CHECK_THROWS_WITH_AS(parse_deepspeed_job(nlohmann::json::parse(text), "ds.json"), doctest::Contains(what), InputError);
+  };
+  fails(R"({"zero_optimization": {"stage": 4}})", "ds.json: key 'zero_optimization.stage' = 4 is not valid");
+  fails(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})",
+        "key 'zero_optimization.offload_param.device' = \"nvme\" is not modelled");
+  fails(R"({"optimizer": {"type": "Lamb"}})", "key 'optimizer.type' = \"Lamb\" is not modelled");
+  fails(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})", "both true");
+  fails(R"({"train_micro_batch_size_per_gpu": 2.5})", "key 'train_micro_batch_size_per_gpu' = 2.5 is not valid");
+  fails(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": "yes"}}})",
+        "key 'zero_optimization.offload_optimizer.pin_memory' = \"yes\" is not valid");
+  fails(R"([1, 2])", "not a DeepSpeed config");
 }
