@@ -295,6 +295,32 @@ grep -q "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" <<<"$out" && ok || ba
   python3 -c 'import json,sys; e=json.load(sys.stdin)["expandable_segments"]; assert e["fitting"] >= 1 and "gain_frac" in e' \
   && ok || bad "recommend --json: expandable_segments"
 
+# --from-deepspeed: a user's DeepSpeed JSON sets what it holds (here stage 2, pinned CPU offload,
+# micro-batch 3 of "train_micro_batch_size_per_gpu", GAS from train_batch_size 6 / (3 x 1 GPU) = 2,
+# bf16) and leaves "auto" to the flags; the plan equals the one the flags give; a flag that
+# contradicts a key, or another engine, is one line naming the file, the key and both values.
+cat >"$TMP/user_ds.json" <<'JSON'
+{"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+ "train_micro_batch_size_per_gpu": 3, "train_batch_size": 6, "gradient_accumulation_steps": "auto",
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}
+JSON
+"$PLANNER" explain --model 2.8b --gpus 1 --from-deepspeed "$TMP/user_ds.json" --json >"$TMP/from_ds.json" 2>/dev/null
+"$PLANNER" explain --model 2.8b --gpus 1 --engine deepspeed --stage 2 --offload-optimizer cpu --micro-batch 3 --gas 2 \
+  --json >"$TMP/by_flags.json" 2>/dev/null
+python3 -c '
+import json, sys
+a = json.load(open(sys.argv[1]))["plans"][0]; b = json.load(open(sys.argv[2]))["plans"][0]
+assert a["config"] == b["config"] and a["config"]["engine"] == "deepspeed" and a["config"]["gas"] == 2, (a["config"], b["config"])
+assert a["time_s"]["step"] == b["time_s"]["step"]' "$TMP/from_ds.json" "$TMP/by_flags.json" \
+  && ok || bad "explain --from-deepspeed: the plan the flags give"
+expect_error "--from-deepspeed against --stage" "user_ds.json: key 'zero_optimization.stage' = 2, but --stage 3" \
+  explain --model 2.8b --gpus 1 --from-deepspeed "$TMP/user_ds.json" --stage 3
+expect_error "--from-deepspeed with --engine fsdp2" "describes a DeepSpeed job, but --engine fsdp2" \
+  explain --model 2.8b --gpus 1 --from-deepspeed "$TMP/user_ds.json" --engine fsdp2
+expect_error "--from-deepspeed batch arithmetic" "key 'train_batch_size' = 6 is not micro-batch 3 x GAS 2 x 2 GPUs" \
+  explain --model 2.8b --gpus 2 --from-deepspeed "$TMP/user_ds.json" --gas 2
+expect_error "--from-deepspeed missing file" "nope.json" explain --model 2.8b --from-deepspeed "$TMP/nope.json"
+
 # diagnose: the founding report's one-GPU ZeRO-2 row by the flags (its micro-batch, 51.642 / 4 =
 # 12.9105 s, and the step after it, 25.455 - 12.9105 = 12.5445 s, derived by hand); runs whose CPU
 # optimizer was given a known thread count, read back from their records (the truth is the count
