@@ -358,10 +358,17 @@ threads_of "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_deepspeed_1gpu.
   && ok || bad "diagnose --run: DeepSpeed at OMP_NUM_THREADS=2 not found $(cat "$TMP/err")"
 threads_of "$SRC/data/runs/h100-sxm/2026-12-06_diagnose_slow_cpu_stepcast_1gpu.jsonl" " s2 " 1.5 3 \
   && ok || bad "diagnose --run: train --cpu-threads 2 not found $(cat "$TMP/err")"
-# DeepSpeed's offload with its host buffers not pinned (the run's own config): diagnose names PCIe.
+# DeepSpeed's offload with its host buffers not pinned (the record's config says so): the model
+# times the pageable copies, so the step is predicted within 5 % and no slow PCIe is called for
+# (before the model had them, diagnose named PCIe at x0.29).
 "$PLANNER" diagnose --run "$SRC/data/runs/h100-sxm/2026-12-06_unpinned_offload_s2_unpinned_1gpu.jsonl" --json 2>"$TMP/err" |
-  python3 -c 'import json,sys; e=json.load(sys.stdin)["explanation"]["resources"]; assert [r["resource"] for r in e] == ["pcie"] and e[0]["speed_frac"] < 0.5, e' \
-  && ok || bad "diagnose --run: unpinned offload not named PCIe $(cat "$TMP/err")"
+  python3 -c '
+import json, sys
+d = json.load(sys.stdin); run = d["runs"][0]
+step = [p for p in run["phases"] if p["phase"] == "step"][0]
+assert abs(step["measured_s"] / step["predicted_s"] - 1) < 0.05, step
+assert all(r["speed_frac"] > 0.5 for r in d["explanation"]["resources"] if r["resource"] == "pcie"), d["explanation"]' \
+  && ok || bad "diagnose --run: unpinned offload step $(cat "$TMP/err")"
 # Round trip: explain on a machine whose CPU optimizer runs at 0.25 of the profile's speed, its
 # GAS and OPT time (what a DeepSpeed record and the model share) given to diagnose, which names
 # that resource and speed.
