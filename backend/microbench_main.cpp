@@ -409,33 +409,31 @@ void run_collectives(Bench& b, Runtime& rt, Collectives& comm, const Flags& f) {
   }
 }
 
-// Pinned host <-> device copies of 64 MiB to 1 GiB, the engine's per-unit sizes.
+// One size of host <-> device copies, both ways: "h2d"/"d2h" from pinned host memory, or
+// "h2d_pageable"/"d2h_pageable" from pageable memory (DeepSpeed's offload buffers with
+// "pin_memory": false; HostSpec::pageable_bytes_per_s), which the driver stages through its own
+// pinned buffers while the calling thread waits. The host pages are touched first.
+void time_copies(Bench& b, Runtime& rt, double bytes, bool pinned) {
+  const int64_t n = static_cast<int64_t>(bytes) / 2;
+  auto host = torch::empty({n}, torch::dtype(torch::kBFloat16).pinned_memory(pinned));
+  auto dev = torch::empty({n}, torch::dtype(torch::kBFloat16).device(rt.device()));
+  host.fill_(1.0);
+  const std::string suffix = pinned ? "" : "_pageable";
+  const std::string mib = std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB";
+  const double up = b.time_s(2, [&] { rt.copy_to_device(dev, host); });
+  b.emit({{"bench", "h2d" + suffix}, {"bytes", bytes}, {"pinned", pinned}, {"seconds", up}},
+         (pinned ? "h2d " : "h2d pageable ") + mib);
+  const double down = b.time_s(2, [&] { rt.copy_to_host_on_comm(host, dev); });
+  b.emit({{"bench", "d2h" + suffix}, {"bytes", bytes}, {"pinned", pinned}, {"seconds", down}},
+         (pinned ? "d2h " : "d2h pageable ") + mib);
+}
+
+// Pinned copies of 64 MiB to 1 GiB, the engine's per-unit sizes; pageable ones from 4 MiB (a
+// small layer's gradient) to 1 GiB.
 void run_offload(Bench& b, Runtime& rt) {
   if (!rt.is_cuda()) return;
-  for (double bytes = 64 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) {
-    const int64_t n = static_cast<int64_t>(bytes) / 2;
-    auto host = torch::empty({n}, torch::dtype(torch::kBFloat16).pinned_memory(true));
-    auto dev = torch::empty({n}, torch::dtype(torch::kBFloat16).device(rt.device()));
-    host.fill_(1.0);
-    const double up = b.time_s(2, [&] { rt.copy_to_device(dev, host); });
-    b.emit({{"bench", "h2d"}, {"bytes", bytes}, {"pinned", true}, {"seconds", up}}, "h2d " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB");
-    const double down = b.time_s(2, [&] { rt.copy_to_host_on_comm(host, dev); });
-    b.emit({{"bench", "d2h"}, {"bytes", bytes}, {"pinned", true}, {"seconds", down}}, "d2h " + std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB");
-  }
-  // Pageable host memory (DeepSpeed's offload buffers with "pin_memory": false; HostSpec::
-  // pageable_bytes_per_s): the driver stages each copy through its own pinned buffers and the
-  // calling thread waits. 4 MiB (a small layer's gradient) to 1 GiB; the pages are touched first.
-  for (double bytes = 4 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) {
-    const int64_t n = static_cast<int64_t>(bytes) / 2;
-    auto host = torch::empty({n}, torch::dtype(torch::kBFloat16));
-    auto dev = torch::empty({n}, torch::dtype(torch::kBFloat16).device(rt.device()));
-    host.fill_(1.0);
-    const std::string mib = std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB";
-    const double up = b.time_s(2, [&] { rt.copy_to_device(dev, host); });
-    b.emit({{"bench", "h2d_pageable"}, {"bytes", bytes}, {"pinned", false}, {"seconds", up}}, "h2d pageable " + mib);
-    const double down = b.time_s(2, [&] { rt.copy_to_host_on_comm(host, dev); });
-    b.emit({{"bench", "d2h_pageable"}, {"bytes", bytes}, {"pinned", false}, {"seconds", down}}, "d2h pageable " + mib);
-  }
+  for (double bytes = 64 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) time_copies(b, rt, bytes, true);
+  for (double bytes = 4 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) time_copies(b, rt, bytes, false);
 }
 
 // CPU AdamW (fp32 states, and 8-bit) by thread count on 64 Mi parameters

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# DeepSpeed's unpinned offload held out (docs/engines.md, session 46), one call on the GPU host:
+# DeepSpeed's unpinned offload held out, in one call on the GPU host (docs/engines.md):
 # the host's pageable copy rate by `microbench --suite offload` first, then the designed run list
 # bench/runlists/unpinned_offload_deepspeed_1gpu.txt through real DeepSpeed, whose predictions
 # were committed before the call for a grid of rates (bench/predictions/unpinned_offload_*).
-# Then, while time is left, the FSDP2 slow-CPU list (OMP_NUM_THREADS=2).
+# Prints each unpinned step against its pinned twin measured in the same call. Then, while time
+# is left, the FSDP2 slow-CPU list (OMP_NUM_THREADS=2).
 # Usage (GPU host, repository root): STEPCAST_GIT_COMMIT=sha bench/unpinned_offload_heldout.sh OUT_DIR HARDWARE [SECONDS=570]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,7 +26,30 @@ PY
 left_min() { python3 -c "print(round(max(0.5, ($LIMIT_S - $SECONDS) / 60 - 2.6), 2))"; }
 BUDGET_MIN=$(left_min) TIMEOUT_S=150 bash scripts/gpu_peers.sh deepspeed bench/runlists/unpinned_offload_deepspeed_1gpu.txt \
   "$OUT/deepspeed" 4 "$HW" > "$OUT/deepspeed.log" 2>&1
-echo "deepspeed rc $? at ${SECONDS} s"; grep -c '"warmup": false' "$OUT/deepspeed/runs.jsonl" 2>/dev/null
+echo "deepspeed rc $? at ${SECONDS} s"
+# Unpinned against pinned, same plan, same call (medians of the measured steps).
+python3 - "$OUT/deepspeed/runs.jsonl" <<'PY'
+import json, statistics, sys
+steps = {}
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1])]
+except OSError:
+    rows = []
+for r in rows:
+    if r.get("warmup"):
+        continue
+    c = dict(r["config"]); pinned = c.pop("offload_pin_memory", True)
+    steps.setdefault(json.dumps(c, sort_keys=True), {}).setdefault(pinned, []).append(r["time_s"]["step"])
+for key, by_pin in steps.items():
+    c = json.loads(key)
+    plan = "stage %d, %d x %d, GAS %d, %s" % (c["zero_stage"], c["micro_batch"], c["seq_len"], c["gas"], c["precision"])
+    if True in by_pin and False in by_pin:
+        pin, unpin = statistics.median(by_pin[True]), statistics.median(by_pin[False])
+        print("%s: pinned %.3f s, unpinned %.3f s: %.2fx" % (plan, pin, unpin, unpin / pin))
+    else:
+        print("%s: %s only, %.3f s" % (plan, "pinned" if True in by_pin else "unpinned",
+                                        statistics.median(next(iter(by_pin.values())))))
+PY
 if (( LIMIT_S - SECONDS > 150 )); then
   OMP_NUM_THREADS=2 BUDGET_MIN=$(left_min) TIMEOUT_S=120 bash scripts/gpu_peers.sh fsdp2 \
     bench/runlists/diagnose_slow_cpu_fsdp2_1gpu.txt "$OUT/fsdp2" 4 "$HW" > "$OUT/fsdp2.log" 2>&1

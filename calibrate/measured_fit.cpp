@@ -1,5 +1,4 @@
 #include "calibrate/measured_fit.h"
-#include "model/toml_edit.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +12,7 @@
 #include "common/hash.h"
 #include "common/text_file.h"
 #include "model/model_spec.h"
+#include "model/toml_edit.h"
 #include "stepcast_git_commit.h"  // generated at every build (cmake/GitCommit.cmake)
 
 namespace stepcast::calibrate {
@@ -126,9 +126,9 @@ int run_measured_fit(const std::vector<std::string>& run_files, const std::strin
   if (pageable_bps > 0.0) {
     char value[320];
     std::snprintf(value, sizeof value,
-                  "{ value = %.4g, source = \"microbench --suite offload: median of %s's h2d_pageable and d2h_pageable "
-                  "records of 16 MiB and up (calibrate fit %s)\" }",
-                  pageable_bps, as_named(files.front(), data_dir).c_str(), utc_date_today().c_str());
+                  "{ value = %.4g, source = \"microbench --suite offload: median of the h2d_pageable and d2h_pageable "
+                  "records of 16 MiB and up in %s (calibrate fit %s)\" }",
+                  pageable_bps, m.measured.runs.front().c_str(), utc_date_today().c_str());
     upsert_toml_key(text, "host", "pageable_bytes_per_s", value, hw.path);
   }
   parse_hardware_profile(text, target);  // what we write must read back

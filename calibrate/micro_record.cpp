@@ -1,7 +1,5 @@
 #include "calibrate/micro_record.h"
 
-#include "common/stats.h"
-
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -10,6 +8,7 @@
 #include "calibrate/run_record.h"
 #include "common/units.h"
 #include "common/errors.h"
+#include "common/stats.h"
 
 namespace stepcast::calibrate {
 

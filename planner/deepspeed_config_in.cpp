@@ -1,5 +1,7 @@
 #include "planner/deepspeed_config_in.h"
 
+#include <cctype>
+
 #include "common/errors.h"
 #include "common/text_file.h"
 

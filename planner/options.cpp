@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <sstream>
+#include <type_traits>
 
 #include "common/atomic_file.h"
 #include "common/errors.h"
