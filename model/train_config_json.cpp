@@ -97,9 +97,8 @@ TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& w
     // Absent: torch's default allocator (every record from before the key existed).
     if (j.contains("gpu_allocator"))
       c.gpu_expandable_segments = parse_gpu_allocator(j.at("gpu_allocator").get<std::string>(), where + ".gpu_allocator");
-    // Absent: pinned host buffers (every engine's records before the key existed pinned them, but
-    // for the unpinned DeepSpeed runs of data/runs/h100-sxm/2026-12-06_unpinned_offload_*, whose
-    // key was added from bench/unpinned_offload.sh).
+    // Absent: pinned host buffers, as every engine's records without the key ran (the unpinned
+    // ones carry it; data/runs/h100-sxm/README.md says where it was added by hand).
     c.offload_pinned = boolean_key(j, "offload_pin_memory", where, true, false);
     // Absent: a record from before the backend uploaded during the backward (or a plan then).
     c.offload_uploads_in_backward = boolean_key(j, "offload_uploads_in_backward", where, false, false);
