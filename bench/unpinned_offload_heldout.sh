@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # DeepSpeed's unpinned offload held out, in one call on the GPU host (docs/engines.md):
 # the host's pageable copy rate by `microbench --suite offload` first, then the designed run list
-# bench/runlists/unpinned_offload_deepspeed_1gpu.txt through real DeepSpeed, whose predictions
-# were committed before the call for a grid of rates (bench/predictions/unpinned_offload_*).
-# Prints each unpinned step against its pinned twin measured in the same call. Then, while time
-# is left, the FSDP2 slow-CPU list (OMP_NUM_THREADS=2).
-# Usage (GPU host, repository root): STEPCAST_GIT_COMMIT=sha bench/unpinned_offload_heldout.sh OUT_DIR HARDWARE [SECONDS=570]
+# bench/runlists/unpinned_offload_deepspeed_1gpu.txt (or LIST) through real DeepSpeed, whose
+# predictions are committed before the call (bench/predictions/). Prints each unpinned step
+# against its pinned twin measured in the same call.
+# Usage (GPU host, repository root):
+#   STEPCAST_GIT_COMMIT=sha bench/unpinned_offload_heldout.sh OUT_DIR HARDWARE [SECONDS=570] [LIST]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT="$1"; HW="$2"; LIMIT_S="${3:-570}"
+OUT="$1"; HW="$2"; LIMIT_S="${3:-570}"; LIST="${4:-bench/runlists/unpinned_offload_deepspeed_1gpu.txt}"
 mkdir -p "$OUT"
 { echo "# $(date -u) HW=$HW commit ${STEPCAST_GIT_COMMIT:-unknown}"; nvidia-smi -L
   nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
@@ -24,7 +24,7 @@ rates = [r["bytes"] / r["seconds"] for r in map(json.loads, open(sys.argv[1]))
 print("pageable_bytes_per_s %.4g (median of %d records)" % (statistics.median(rates), len(rates)) if rates else "no pageable records")
 PY
 left_min() { python3 -c "print(round(max(0.5, ($LIMIT_S - $SECONDS) / 60 - 2.6), 2))"; }
-BUDGET_MIN=$(left_min) TIMEOUT_S=150 bash scripts/gpu_peers.sh deepspeed bench/runlists/unpinned_offload_deepspeed_1gpu.txt \
+BUDGET_MIN=$(left_min) TIMEOUT_S=150 bash scripts/gpu_peers.sh deepspeed "$LIST" \
   "$OUT/deepspeed" 4 "$HW" > "$OUT/deepspeed.log" 2>&1
 echo "deepspeed rc $? at ${SECONDS} s"
 # Unpinned against pinned, same plan, same call (medians of the measured steps).
@@ -50,8 +50,3 @@ for key, by_pin in steps.items():
         print("%s: %s only, %.3f s" % (plan, "pinned" if True in by_pin else "unpinned",
                                         statistics.median(next(iter(by_pin.values())))))
 PY
-if (( LIMIT_S - SECONDS > 150 )); then
-  OMP_NUM_THREADS=2 BUDGET_MIN=$(left_min) TIMEOUT_S=120 bash scripts/gpu_peers.sh fsdp2 \
-    bench/runlists/diagnose_slow_cpu_fsdp2_1gpu.txt "$OUT/fsdp2" 4 "$HW" > "$OUT/fsdp2.log" 2>&1
-  echo "fsdp2 rc $? at ${SECONDS} s"
-fi
