@@ -23,7 +23,8 @@ const char* const kConfigFlags[] = {"--stage",  "--offload-optimizer", "--offloa
                                     "--offload-params", "--optimizer", "--micro-batch", "--gas",
                                     "--checkpointing", "--grad-sync", "--model", "--gpus", "--nodes",
                                     "--seq", "--precision", "--attention", "--peft", "--lora-rank",
-                                    "--lora-targets", "--gpu-allocator"};
+                                    "--lora-targets", "--gpu-allocator", "--from-deepspeed",
+                                    "--offload-pin-memory"};
 const char* const kMeasuredFlags[] = {"--step-s", "--gas-s", "--opt-s", "--forward-s", "--backward-s", "--optimizer-s",
                                       "--peak-reserved-gib"};
 

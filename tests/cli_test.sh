@@ -394,6 +394,8 @@ expect_error "diagnose: negative time" "--step-s -1.* out of range" diagnose "${
 expect_error "diagnose: no model" "--model is required" diagnose --step-s 1
 expect_error "diagnose: --run and a configuration flag" "--stage is not taken with --run" \
   diagnose --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" --stage 1
+expect_error "diagnose: --run and a DeepSpeed JSON" "--from-deepspeed is not taken with --run" \
+  diagnose --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" --from-deepspeed "$TMP/user_ds.json"
 expect_error "diagnose: --run and a measured flag" "--step-s is not taken with --run" \
   diagnose --run "$SRC/data/runs/h200-sxm/2026-12-01_peers_deepspeed_1gpu_omp1.jsonl" --step-s 1
 # Several runs: the founding report's five rows together, each predicted from the other four.
