@@ -205,6 +205,46 @@ std::vector<fs::path> profile_run_paths(const std::vector<std::string>& named, c
 }
 
 
+nlohmann::json held_out_interval(const std::vector<fs::path>& files, const HardwareProfile& hw, const std::string& engine,
+                                 const fs::path& data_dir) {
+  // Each file is one call: its configurations' median steps, each a prediction made before it ran
+  // (the profile is not fitted on any run).
+  std::vector<std::vector<double>> by_file;
+  int64_t world_size_max = 0;
+  for (const fs::path& f : files) {
+    std::vector<double> scores;
+    for (const RunRecord& r : runs_of_engine(load_runs({f}, data_dir), engine)) {
+      const double predicted_s = evaluate(r.model, hw, r.config).time.step_s;
+      scores.push_back(std::abs(std::log(r.step_s / predicted_s)));
+      world_size_max = std::max<int64_t>(world_size_max, r.config.world_size());
+    }
+    if (!scores.empty()) by_file.push_back(std::move(scores));
+  }
+  std::vector<double> all;
+  for (const auto& s : by_file) all.insert(all.end(), s.begin(), s.end());
+  const bool enough = all.size() >= kConformalMinScores;
+  // Leave one file out: each call's predictions against the quantile of the others'.
+  int tested = 0, covered = 0, files_tested = 0;
+  for (size_t i = 0; i < by_file.size(); ++i) {
+    std::vector<double> rest;
+    for (size_t k = 0; k < by_file.size(); ++k)
+      if (k != i) rest.insert(rest.end(), by_file[k].begin(), by_file[k].end());
+    if (by_file[i].empty() || rest.size() < kConformalMinScores) continue;
+    const double q = conformal_q95(rest);
+    ++files_tested;
+    for (double v : by_file[i]) {
+      ++tested;
+      covered += v <= q ? 1 : 0;
+    }
+  }
+  return {{"predictions", all.size()},
+          {"files", by_file.size()},
+          {"log_q95", enough ? conformal_q95(all) : 0.0},
+          {"world_size_max", world_size_max},
+          {"leave_one_file_out", {{"files", files_tested}, {"predictions", tested},
+                                  {"coverage_95", tested ? static_cast<double>(covered) / tested : 0.0}}}};
+}
+
 int run_report(const std::vector<std::string>& run_files, const std::string& hw_name,
                std::optional<HoldoutSplit> split, const std::string& dir, bool json, const std::string& svg,
                const CrossValidator& cross_validator, const std::string& engine) {
@@ -240,6 +280,7 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                       {"holdout", summarize(rows, true)},
                       {"runs", nlohmann::json::array()},
                       {"micro", {{"by_bench", micro_summary(micro, hw)}, {"records", nlohmann::json::array()}}}};
+  if (!hw.coefs_calibrated) j["held_out_interval"] = held_out_interval(files, hw, engine, resolve_data_dir(dir));
   j["repeatability"] = repeatability_report(
       runs, [&](const RunRecord& r) { return launch_bound(evaluate(r.model, hw, r.config).time.host_issue_ratio); });
   if (cross_validator && runs.size() >= 2) j.update(cross_validator(runs, micro, hw));
@@ -276,6 +317,21 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                 r.run->step_s, r.pred_step, 1.96 * r.pred_std, 100 * r.step_err(), r.run->gpu_peak_reserved_bytes / kBytesPerGiB,
                 r.pred_mem / kBytesPerGiB, 100 * r.mem_err());
   std::printf("fit:      %s\nheld out: %s\n", j["fit"].dump().c_str(), j["holdout"].dump().c_str());
+  if (j.contains("held_out_interval")) {
+    // Not calibrated: every run here was predicted without it, so each is out of sample.
+    const nlohmann::json& h = j["held_out_interval"];
+    const double q = h["log_q95"].get<double>();
+    const nlohmann::json& lofo = h["leave_one_file_out"];
+    std::printf("\nnot calibrated, so every run is out of sample: %d predictions from %d files, world size <= %d;\n",
+                h["predictions"].get<int>(), h["files"].get<int>(), h["world_size_max"].get<int>());
+    if (q > 0)
+      std::printf("95 %% conformal quantile of |log(measured / predicted)| %.4f (±%.1f %%); each file against the "
+                  "others' quantile: %.0f %% of %d predictions inside (%d files)\n",
+                  q, 100 * std::expm1(q), 100 * lofo["coverage_95"].get<double>(), lofo["predictions"].get<int>(),
+                  lofo["files"].get<int>());
+    else
+      std::printf("fewer than %zu predictions: no 95 %% conformal quantile\n", kConformalMinScores);
+  }
   if (j.contains("cv")) {
     const nlohmann::json& cv = j["cv"];
     std::printf("\ncross-validated (each fold refitted without the runs it predicts):\n");

@@ -29,6 +29,12 @@ struct Row {
 std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const HardwareProfile& hw, double holdout_frac,
                               uint64_t seed);
 nlohmann::json summarize(const std::vector<Row>& rows, bool holdout);
+// For a profile that is not calibrated, whose every run is out of sample: the 95 % split-conformal
+// quantile of |log(measured / predicted)| over the files' predictions of `engine` (0 under
+// kConformalMinScores), the largest world size among them, and each file's coverage by the
+// quantile of the others' (leave one file out). The source of [coefficients.held_out].
+nlohmann::json held_out_interval(const std::vector<std::filesystem::path>& files, const HardwareProfile& hw,
+                                 const std::string& engine, const std::filesystem::path& data_dir);
 nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw);
 std::string svg_plot(const std::vector<Row>& rows, const std::string& title);
 

@@ -272,7 +272,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
     for (const auto& [key, node] : c->table()) {
       std::string name(key.str());
       if (name == "calibrated" || name == "source" || name == "std_errors" || name == "covariance" ||
-          name == "interval" || name == "measured")
+          name == "interval" || name == "measured" || name == "held_out")
         continue;
       if (name == "model_error_frac") {
         hw.model_error_frac = c->get_double(name, 0.0, 5.0);
@@ -330,6 +330,26 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       }
     }
     if (auto iv = c->subtable_opt("interval")) hw.interval = parse_interval(*iv);
+    if (auto h = c->subtable_opt("held_out")) {
+      h->reject_unknown_keys({"source", "runs", "world_size_max", "log_q95"});
+      if (hw.coefs_calibrated)
+        throw InputError(origin + ": key 'coefficients.held_out' is for a profile that is not calibrated (a "
+                         "calibrated one has [coefficients.interval])");
+      hw.held_out.source = h->get_string("source");
+      hw.held_out.runs = h->get_string_array_or("runs");
+      if (hw.held_out.runs.empty()) throw InputError(origin + ": key 'coefficients.held_out.runs' names no runs file");
+      hw.held_out.world_size_max = h->get_int("world_size_max", 1, 1 << 20);
+      const TomlReader q = h->subtable("log_q95");
+      for (const auto& [key, node] : q.table()) {
+        const std::string engine(key.str());
+        if (engine != "stepcast" && engine != "deepspeed" && engine != "fsdp2")
+          throw InputError(origin + ": key 'coefficients.held_out.log_q95." + engine +
+                           "' is not an engine (valid: stepcast, deepspeed, fsdp2)");
+        hw.held_out.log_q95[engine] = q.get_double(engine, 1e-6, 5.0);
+      }
+      if (hw.held_out.log_q95.empty())
+        throw InputError(origin + ": key 'coefficients.held_out.log_q95' holds no engine");
+    }
     if (auto m = c->subtable_opt("measured")) {
       m->reject_unknown_keys({"reference", "source", "runs", "rel"});
       hw.measured.reference = m->get_string("reference");

@@ -128,6 +128,18 @@ struct IntervalModel {
   bool has_memory() const { return memory_log_q95_seen > 0.0; }
 };
 
+// [coefficients.held_out]: the interval a transferred profile takes from its own GPU kind's runs
+// predicted before they ran (HardwareProfile::held_out).
+struct HeldOutInterval {
+  std::string source;
+  std::vector<std::string> runs;             // the runs files, relative to the data folder
+  std::map<std::string, double> log_q95;     // engine name -> quantile
+  int64_t world_size_max = 0;                // the largest data-parallel world among the runs
+  bool covers(const std::string& engine, int64_t world_size, int64_t nodes) const {
+    return log_q95.contains(engine) && world_size <= world_size_max && nodes <= 1;
+  }
+};
+
 // A prediction is launch-bound when the host needs at least this share of the GPU's time to
 // issue its passes (StepTime::host_issue_ratio). Below 1 because a machine whose host is slower
 // than the calibrated ones turns such a pass host-bound: the same configuration on H200 hosts
@@ -233,6 +245,13 @@ struct HardwareProfile {
   // engines' transferred habits; offload adds the unnamed host's CPU and memory, which a datasheet
   // profile only guesses. 0: none (transferred_log_q95 applies to every plan).
   double transferred_log_q95_no_offload = 0;
+  // [coefficients.held_out] of a profile that was not calibrated: its own GPU kind's runs, each
+  // predicted before it ran and never fitted. Per engine, the 95 % split-conformal quantile of
+  // |log(measured / predicted)| over those runs (`calibrate report --runs RUNS --engine E`:
+  // held_out_interval.log_q95), where they are at least kConformalMinScores; the interval of a
+  // plan of that engine inside their region (world size at most world_size_max, one node), in
+  // place of the published one. Empty: none.
+  HeldOutInterval held_out;
   CoefVector hardware_coefs{};                        // for_engine: the [coefficients] values under the section
   MeasuredComponents measured;                        // [coefficients.measured]; applied by resolve_hardware
   bool measured_applied = false;                      // apply_measured has set the measured coefficients

@@ -278,6 +278,19 @@ EOF
 mkdir -p "$TMP/dd/hardware" && cp -r "$SRC/data/models" "$TMP/dd/models"
 sed 's/^engines_from = .*/engines_from = "tpu-v9"/' "$SRC/data/hardware/a40.toml" >"$TMP/dd/hardware/a40.toml"
 t 2 "a40.toml: key 'coefficients.engines_from' = \"tpu-v9\"" "$PLANNER" explain --model 7b --hardware a40 --data-dir "$TMP/dd"
+# [coefficients.held_out] (a transferred profile's own runs, predicted before they ran).
+H100="$SRC/data/hardware/h100-sxm.toml"
+while IFS='|' read -r name edit regex; do
+  [[ -z "$name" ]] && continue
+  sed "$edit" "$H100" >"$TMP/hw_held_$name.toml"
+  t 2 "$regex" "$PLANNER" explain --model 7b --hardware "$TMP/hw_held_$name.toml"
+done <<'EOF2'
+heldengine|s/^log_q95 = { stepcast/log_q95 = { megatron = 0.1, stepcast/|coefficients.held_out.log_q95.megatron.*not an engine
+heldq|s/^log_q95 = { stepcast = [0-9.]*/log_q95 = { stepcast = 7/|coefficients.held_out.log_q95.stepcast
+heldworld|s/^world_size_max = 1/world_size_max = 0/|coefficients.held_out.world_size_max
+heldkey|s/^world_size_max = 1/world_size_max = 1\nnodes_max = 2/|nodes_max
+heldcal|s/^calibrated = false/calibrated = true/|coefficients.held_out.*not calibrated
+EOF2
 # [coefficients.measured] (calibrate fit on micro-benchmarks alone): a bad ratio, key or reference.
 A40="$SRC/data/hardware/a40.toml"
 printf '\n[coefficients.measured]\nreference = "h200-sxm"\nsource = "x"\n\n[coefficients.measured.rel]\ncpu_lane_flops_per_s = 0.5\n' >"$TMP/measured_tail.toml"

@@ -8,7 +8,9 @@
 #include <set>
 
 #include "calibrate/published.h"
+#include "calibrate/report.h"
 #include "common/errors.h"
+#include "common/stats.h"
 #include "model/prediction.h"
 #include "test_util.h"
 
@@ -261,4 +263,50 @@ TEST_CASE("on a GPU never calibrated, a plan without CPU offload takes the inter
   c.offload_optimizer = OffloadDevice::kCpu;
   const Prediction offloaded = evaluate(m, hw, c);
   CHECK(1.96 * offloaded.step_std_s / offloaded.time.step_s == doctest::Approx(std::expm1(hw.transferred_log_q95)));
+}
+
+TEST_CASE("a transferred profile's held-out quantile is the one its own runs give, and its one-GPU plans take it") {
+  const HardwareProfile hw = test::hardware("h100-sxm");
+  REQUIRE_FALSE(hw.coefs_calibrated);
+  REQUIRE_FALSE(hw.held_out.runs.empty());
+  const auto files = profile_run_paths(hw.held_out.runs, data_dir());
+  // Every engine: the quantile the profile holds is the one `calibrate report` computes from the
+  // runs it names (rounded up), and an engine it leaves out has fewer predictions than a 95 %
+  // conformal quantile needs.
+  for (const std::string engine : {"stepcast", "deepspeed", "fsdp2"}) {
+    CAPTURE(engine);
+    const nlohmann::json j = held_out_interval(files, for_engine(hw, engine), engine, data_dir());
+    const double q = j["log_q95"].get<double>();
+    CHECK(j["world_size_max"].get<int64_t>() <= hw.held_out.world_size_max);
+    if (hw.held_out.log_q95.contains(engine)) {
+      REQUIRE(j["predictions"].get<size_t>() >= kConformalMinScores);
+      CHECK(hw.held_out.log_q95.at(engine) == doctest::Approx(q).epsilon(1e-8));
+      CHECK(hw.held_out.log_q95.at(engine) >= q - 1e-12);
+      // Each file's predictions against the quantile of the others': near the level.
+      CHECK(j["leave_one_file_out"]["coverage_95"].get<double>() >= 0.85);
+    } else {
+      CHECK(j["predictions"].get<size_t>() < kConformalMinScores);
+      CHECK(q == 0.0);
+    }
+  }
+  // The interval a plan takes: the held-out one for a one-GPU plan of a listed engine, the
+  // published one on two GPUs or for an engine without enough runs here.
+  const ModelSpec m = test::model("pythia-2.8b");
+  TrainConfig c;
+  c.micro_batch = 4;
+  c.gas = 2;
+  const auto half_width = [&](const TrainConfig& x) {
+    const Prediction p = evaluate(m, hw, x);
+    return 1.96 * p.step_std_s / p.time.step_s;
+  };
+  CHECK(half_width(c) == doctest::Approx(std::expm1(hw.held_out.log_q95.at("stepcast"))));
+  c.engine = Engine::kDeepSpeed;
+  CHECK(half_width(c) == doctest::Approx(std::expm1(hw.held_out.log_q95.at("deepspeed"))));
+  c.engine = Engine::kFsdp2;
+  c.zero_stage = 3;
+  REQUIRE_FALSE(hw.held_out.log_q95.contains("fsdp2"));
+  CHECK(half_width(c) == doctest::Approx(std::expm1(hw.transferred_log_q95_no_offload)));
+  c.engine = Engine::kStepcast;
+  c.gpus_per_node = 2;
+  CHECK(half_width(c) == doctest::Approx(std::expm1(hw.transferred_log_q95_no_offload)));
 }
