@@ -124,11 +124,15 @@ int run_measured_fit(const std::vector<std::string>& run_files, const std::strin
   // The host's pageable copy rate is the host's own number, measured here, not a ratio.
   const double pageable_bps = pageable_copy_bytes_per_s(micro);
   if (pageable_bps > 0.0) {
-    char value[320];
+    // The files that hold pageable copies, by name.
+    std::string holding;
+    for (const auto& f : files)
+      if (pageable_copy_bytes_per_s(load_micro({f})) > 0.0) holding += (holding.empty() ? "" : ", ") + as_named(f, data_dir);
+    char value[640];
     std::snprintf(value, sizeof value,
                   "{ value = %.4g, source = \"microbench --suite offload: median of the h2d_pageable and d2h_pageable "
                   "records of 16 MiB and up in %s (calibrate fit %s)\" }",
-                  pageable_bps, m.measured.runs.front().c_str(), utc_date_today().c_str());
+                  pageable_bps, holding.c_str(), utc_date_today().c_str());
     upsert_toml_key(text, "host", "pageable_bytes_per_s", value, hw.path);
   }
   parse_hardware_profile(text, target);  // what we write must read back
