@@ -248,13 +248,20 @@ novocab|${base_json/,\"vocab_size\":256/}|vocab_size
 headdim|${base_json/\"vocab_size\":256/\"vocab_size\":256,\"head_dim\":99999999999}|head_dim
 EOF
 
+# Each line NAME|SED-EDIT|REGEX on stdin: the profile BASE edited so, which explain must refuse
+# with exit 2 and a line matching REGEX.
+profile_edits() {
+  local base=$1 prefix=$2 name edit regex
+  while IFS='|' read -r name edit regex; do
+    [[ -z "$name" ]] && continue
+    sed "$edit" "$base" >"$TMP/${prefix}_$name.toml"
+    t 2 "$regex" "$PLANNER" explain --model 7b --hardware "$TMP/${prefix}_$name.toml"
+  done
+}
+
 # --- hardware profiles ---
 HW="$SRC/data/hardware/h200-sxm.toml"
-while IFS='|' read -r name edit regex; do
-  [[ -z "$name" ]] && continue
-  sed "$edit" "$HW" >"$TMP/hw_$name.toml"
-  t 2 "$regex" "$PLANNER" explain --model 7b --hardware "$TMP/hw_$name.toml"
-done <<'EOF'
+profile_edits "$HW" hw <<'EOF'
 syntax|s/^name = .*/name = = "x"/|hw_syntax.toml
 noname|/^name = /d|name
 enginename|s/^\[engines.fsdp2\]/[engines.megatron]/|engines.megatron.*not a peer engine
@@ -279,12 +286,7 @@ mkdir -p "$TMP/dd/hardware" && cp -r "$SRC/data/models" "$TMP/dd/models"
 sed 's/^engines_from = .*/engines_from = "tpu-v9"/' "$SRC/data/hardware/a40.toml" >"$TMP/dd/hardware/a40.toml"
 t 2 "a40.toml: key 'coefficients.engines_from' = \"tpu-v9\"" "$PLANNER" explain --model 7b --hardware a40 --data-dir "$TMP/dd"
 # [coefficients.held_out] (a transferred profile's own runs, predicted before they ran).
-H100="$SRC/data/hardware/h100-sxm.toml"
-while IFS='|' read -r name edit regex; do
-  [[ -z "$name" ]] && continue
-  sed "$edit" "$H100" >"$TMP/hw_held_$name.toml"
-  t 2 "$regex" "$PLANNER" explain --model 7b --hardware "$TMP/hw_held_$name.toml"
-done <<'EOF2'
+profile_edits "$SRC/data/hardware/h100-sxm.toml" hw_held <<'EOF2'
 heldengine|s/^log_q95 = { stepcast/log_q95 = { megatron = 0.1, stepcast/|coefficients.held_out.log_q95.megatron.*not an engine
 heldq|s/^log_q95 = { stepcast = [0-9.]*/log_q95 = { stepcast = 7/|coefficients.held_out.log_q95.stepcast
 heldworld|s/^world_size_max = 1/world_size_max = 0/|coefficients.held_out.world_size_max
@@ -295,11 +297,7 @@ EOF2
 A40="$SRC/data/hardware/a40.toml"
 printf '\n[coefficients.measured]\nreference = "h200-sxm"\nsource = "x"\n\n[coefficients.measured.rel]\ncpu_lane_flops_per_s = 0.5\n' >"$TMP/measured_tail.toml"
 cat "$A40" "$TMP/measured_tail.toml" >"$TMP/measured_ok.toml"
-while IFS='|' read -r name edit regex; do
-  [[ -z "$name" ]] && continue
-  sed "$edit" "$TMP/measured_ok.toml" >"$TMP/hw_measured_$name.toml"
-  t 2 "$regex" "$PLANNER" explain --model 7b --hardware "$TMP/hw_measured_$name.toml"
-done <<'EOF2'
+profile_edits "$TMP/measured_ok.toml" hw_measured <<'EOF2'
 ratiozero|s/^cpu_lane_flops_per_s = 0.5/cpu_lane_flops_per_s = 0/|coefficients.measured.rel.cpu_lane_flops_per_s
 ratiohuge|s/^cpu_lane_flops_per_s = 0.5/cpu_lane_flops_per_s = 1e6/|coefficients.measured.rel.cpu_lane_flops_per_s
 ratiokey|s/^cpu_lane_flops_per_s = 0.5/cpu_speed = 0.5/|coefficients.measured.rel.cpu_speed.*not a cost-model coefficient
