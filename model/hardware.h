@@ -135,8 +135,11 @@ struct HeldOutInterval {
   std::vector<std::string> runs;             // the runs files, relative to the data folder
   std::map<std::string, double> log_q95;     // engine name -> quantile
   int64_t world_size_max = 0;                // the largest data-parallel world among the runs
-  bool covers(const std::string& engine, int64_t world_size, int64_t nodes) const {
-    return log_q95.contains(engine) && world_size <= world_size_max && nodes <= 1;
+  // The quantile of a plan of `engine` on `nodes` x (world_size / nodes) GPUs inside the runs'
+  // region; 0 outside it or for an engine without one.
+  double log_q95_for(const std::string& engine, int64_t world_size, int64_t nodes) const {
+    const auto it = log_q95.find(engine);
+    return it != log_q95.end() && world_size <= world_size_max && nodes <= 1 ? it->second : 0.0;
   }
 };
 

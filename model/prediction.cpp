@@ -156,10 +156,12 @@ double gpu_memory_hi_required_bytes(const Prediction& p) {
 }
 
 void set_interval(Prediction& p, const StepFeatures& f, const HardwareProfile& hw, const std::string& model) {
-  if (!hw.coefs_calibrated && hw.held_out.covers(engine_name(p.config.engine), p.config.world_size(), p.config.nodes)) {
+  const double held_out_q =
+      hw.coefs_calibrated ? 0.0 : hw.held_out.log_q95_for(engine_name(p.config.engine), p.config.world_size(), p.config.nodes);
+  if (held_out_q > 0) {
     // A GPU never calibrated, in the region of its own runs predicted before they ran: as wide as
     // the model's errors there.
-    p.step_std_s = p.time.step_s * std::expm1(hw.held_out.log_q95.at(engine_name(p.config.engine))) / 1.96;
+    p.step_std_s = p.time.step_s * std::expm1(held_out_q) / 1.96;
     return;
   }
   if (!hw.coefs_calibrated && hw.transferred_log_q95 > 0) {

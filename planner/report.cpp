@@ -302,17 +302,18 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
       << format_gib(any.gpu_memory_limit_bytes) << " GiB), seq " << c.seq_len << ", "
       << precision_name(c.precision) << "\n";
   const std::string engine = engine_name(c.engine);
-  if (!ctx.hardware->coefs_calibrated && ctx.hardware->held_out.covers(engine, c.world_size(), c.nodes)) {
-    out << "note: profile '" << ctx.hardware->name << "' is not calibrated: datasheet figures"
-        << (ctx.hardware->engines_from.empty() ? "" : ", engine behaviour from " + ctx.hardware->engines_from)
-        << "; ±95% = " << fmt("%.0f", 100 * std::expm1(ctx.hardware->held_out.log_q95.at(engine)))
-        << " %, the model's error on this GPU kind's own runs of " << engine << " on up to "
-        << ctx.hardware->held_out.world_size_max << " GPU" << (ctx.hardware->held_out.world_size_max > 1 ? "s" : "")
-        << ", each predicted before it ran ([coefficients.held_out])\n";
-  } else if (!ctx.hardware->coefs_calibrated && ctx.hardware->transferred_log_q95 > 0) {
+  const HeldOutInterval& held = ctx.hardware->held_out;
+  const double held_q = held.log_q95_for(engine, c.world_size(), c.nodes);
+  const bool transferred = held_q > 0 || ctx.hardware->transferred_log_q95 > 0;
+  if (!ctx.hardware->coefs_calibrated && transferred)
     out << "note: profile '" << ctx.hardware->name << "' is not calibrated: datasheet figures"
         << (ctx.hardware->engines_from.empty() ? "" : ", engine behaviour from " + ctx.hardware->engines_from)
         << "; ±95% = ";
+  if (!ctx.hardware->coefs_calibrated && held_q > 0) {
+    out << fmt("%.0f", 100 * std::expm1(held_q)) << " %, the model's error on this GPU kind's own runs of " << engine
+        << " on up to " << held.world_size_max << " GPU" << (held.world_size_max > 1 ? "s" : "")
+        << ", each predicted before it ran ([coefficients.held_out])\n";
+  } else if (!ctx.hardware->coefs_calibrated && transferred) {
     if (ctx.hardware->transferred_log_q95_no_offload > 0)
       out << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95_no_offload)) << " % without CPU offload, ";
     out << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95))
