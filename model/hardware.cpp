@@ -13,6 +13,7 @@
 #include "common/units.h"
 #include "model/toml_edit.h"
 #include "model/toml_reader.h"
+#include "model/train_config.h"
 
 namespace stepcast {
 
@@ -342,9 +343,7 @@ HardwareProfile parse_hardware_profile(const std::string& text, const std::strin
       const TomlReader q = h->subtable("log_q95");
       for (const auto& [key, node] : q.table()) {
         const std::string engine(key.str());
-        if (engine != "stepcast" && engine != "deepspeed" && engine != "fsdp2")
-          throw InputError(origin + ": key 'coefficients.held_out.log_q95." + engine +
-                           "' is not an engine (valid: stepcast, deepspeed, fsdp2)");
+        parse_engine(engine, origin + ": key 'coefficients.held_out.log_q95' names engine");
         hw.held_out.log_q95[engine] = q.get_double(engine, 1e-6, 5.0);
       }
       if (hw.held_out.log_q95.empty())

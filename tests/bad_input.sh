@@ -287,7 +287,7 @@ sed 's/^engines_from = .*/engines_from = "tpu-v9"/' "$SRC/data/hardware/a40.toml
 t 2 "a40.toml: key 'coefficients.engines_from' = \"tpu-v9\"" "$PLANNER" explain --model 7b --hardware a40 --data-dir "$TMP/dd"
 # [coefficients.held_out] (a transferred profile's own runs, predicted before they ran).
 profile_edits "$SRC/data/hardware/h100-sxm.toml" hw_held <<'EOF2'
-heldengine|s/^log_q95 = { stepcast/log_q95 = { megatron = 0.1, stepcast/|coefficients.held_out.log_q95.megatron.*not an engine
+heldengine|s/^log_q95 = { stepcast/log_q95 = { megatron = 0.1, stepcast/|coefficients.held_out.log_q95. names engine "megatron" is not valid
 heldq|s/^log_q95 = { stepcast = [0-9.]*/log_q95 = { stepcast = 7/|coefficients.held_out.log_q95.stepcast
 heldworld|s/^world_size_max = 1/world_size_max = 0/|coefficients.held_out.world_size_max
 heldkey|s/^world_size_max = 1/world_size_max = 1\nnodes_max = 2/|nodes_max
