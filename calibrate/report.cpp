@@ -6,6 +6,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -205,21 +206,25 @@ std::vector<fs::path> profile_run_paths(const std::vector<std::string>& named, c
 }
 
 
-nlohmann::json held_out_interval(const std::vector<fs::path>& files, const HardwareProfile& hw, const std::string& engine,
-                                 const fs::path& data_dir) {
-  // Each file is one call: its configurations' median steps, each a prediction made before it ran
-  // (the profile is not fitted on any run).
-  std::vector<std::vector<double>> by_file;
+nlohmann::json held_out_interval(const std::vector<RunRecord>& runs, const HardwareProfile& hw) {
+  // Each runs file is one call: its configurations' median steps, each a prediction made before
+  // it ran (the profile is not fitted on any run). Files in the order they were loaded.
+  std::vector<std::string> file_order;
+  std::map<std::string, std::vector<double>> scores_of;
   int64_t world_size_max = 0;
-  for (const fs::path& f : files) {
-    std::vector<double> scores;
-    for (const RunRecord& r : runs_of_engine(load_runs({f}, data_dir), engine)) {
-      const double predicted_s = evaluate(r.model, hw, r.config).time.step_s;
-      scores.push_back(std::abs(std::log(r.step_s / predicted_s)));
-      world_size_max = std::max<int64_t>(world_size_max, r.config.world_size());
+  for (const RunRecord& r : runs) {
+    const double predicted_s = evaluate(r.model, hw, r.config).time.step_s;
+    world_size_max = std::max<int64_t>(world_size_max, r.config.world_size());
+    for (size_t k = 0; k < r.step_s_by_file.size(); ++k) {
+      // A record built without its files' names (not by load_runs) counts as its source's.
+      const std::string& file = k < r.step_files.size() ? r.step_files[k] : r.source;
+      auto [it, added] = scores_of.try_emplace(file);
+      if (added) file_order.push_back(file);
+      it->second.push_back(std::abs(std::log(r.step_s_by_file[k] / predicted_s)));
     }
-    if (!scores.empty()) by_file.push_back(std::move(scores));
   }
+  std::vector<std::vector<double>> by_file;
+  for (const std::string& f : file_order) by_file.push_back(std::move(scores_of[f]));
   std::vector<double> all;
   for (const auto& s : by_file) all.insert(all.end(), s.begin(), s.end());
   const bool enough = all.size() >= kConformalMinScores;
@@ -280,7 +285,7 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
                       {"holdout", summarize(rows, true)},
                       {"runs", nlohmann::json::array()},
                       {"micro", {{"by_bench", micro_summary(micro, hw)}, {"records", nlohmann::json::array()}}}};
-  if (!hw.coefs_calibrated) j["held_out_interval"] = held_out_interval(files, hw, engine, resolve_data_dir(dir));
+  if (!hw.coefs_calibrated) j["held_out_interval"] = held_out_interval(runs, hw);
   j["repeatability"] = repeatability_report(
       runs, [&](const RunRecord& r) { return launch_bound(evaluate(r.model, hw, r.config).time.host_issue_ratio); });
   if (cross_validator && runs.size() >= 2) j.update(cross_validator(runs, micro, hw));

@@ -30,11 +30,11 @@ std::vector<Row> predict_rows(const std::vector<RunRecord>& runs, const Hardware
                               uint64_t seed);
 nlohmann::json summarize(const std::vector<Row>& rows, bool holdout);
 // For a profile that is not calibrated, whose every run is out of sample: the 95 % split-conformal
-// quantile of |log(measured / predicted)| over the files' predictions of `engine` (0 under
+// quantile of |log(measured / predicted)| over each runs file's median step of each run (0 under
 // kConformalMinScores), the largest world size among them, and each file's coverage by the
-// quantile of the others' (leave one file out). The source of [coefficients.held_out].
-nlohmann::json held_out_interval(const std::vector<std::filesystem::path>& files, const HardwareProfile& hw,
-                                 const std::string& engine, const std::filesystem::path& data_dir);
+// quantile of the others' (leave one file out). `runs` are one engine's, as load_runs pools them
+// (RunRecord::step_s_by_file, step_files). The source of [coefficients.held_out].
+nlohmann::json held_out_interval(const std::vector<RunRecord>& runs, const HardwareProfile& hw);
 nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw);
 std::string svg_plot(const std::vector<Row>& rows, const std::string& title);
 

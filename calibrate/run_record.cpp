@@ -237,7 +237,10 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
     Acc& a = groups[key];
     RunRecord r = a.rec;
     for (const auto& [name, member] : kMedianFields) r.*member = median(a.values[name]);
-    for (const auto& [file, steps] : a.by_file) r.step_s_by_file.push_back(median(steps));
+    for (const auto& [file, steps] : a.by_file) {
+      r.step_s_by_file.push_back(median(steps));
+      r.step_files.push_back(file);
+    }
     out.push_back(r);
   }
   return out;

@@ -33,6 +33,7 @@ struct RunRecord {
   // calls, often on other machines of the kind, and step_s (the median over all) hides how far
   // one machine's run falls from it. Empty: step_s alone.
   std::vector<double> step_s_by_file;
+  std::vector<std::string> step_files;  // the runs file of each step_s_by_file entry, as loaded
 };
 
 // The measured step times a prediction of `r` answers for: one per runs file (step_s_by_file),

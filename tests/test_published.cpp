@@ -275,7 +275,7 @@ TEST_CASE("a transferred profile's held-out quantile is the one its own runs giv
   // conformal quantile needs.
   for (const std::string engine : {"stepcast", "deepspeed", "fsdp2"}) {
     CAPTURE(engine);
-    const nlohmann::json j = held_out_interval(files, for_engine(hw, engine), engine, data_dir());
+    const nlohmann::json j = held_out_interval(runs_of_engine(load_runs(files, data_dir()), engine), for_engine(hw, engine));
     const double q = j["log_q95"].get<double>();
     CHECK(j["world_size_max"].get<int64_t>() <= hw.held_out.world_size_max);
     if (hw.held_out.log_q95.contains(engine)) {
