@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "calibrate/report.h"
@@ -124,10 +125,14 @@ int run_measured_fit(const std::vector<std::string>& run_files, const std::strin
   // The host's pageable copy rate is the host's own number, measured here, not a ratio.
   const double pageable_bps = pageable_copy_bytes_per_s(micro);
   if (pageable_bps > 0.0) {
-    // The files that hold pageable copies, by name.
+    // The files that hold pageable copies, by name (a record's `where` is "file:line").
     std::string holding;
-    for (const auto& f : files)
-      if (pageable_copy_bytes_per_s(load_micro({f})) > 0.0) holding += (holding.empty() ? "" : ", ") + as_named(f, data_dir);
+    for (const auto& f : files) {
+      std::vector<MicroRecord> of_file;
+      std::copy_if(micro.begin(), micro.end(), std::back_inserter(of_file),
+                   [&](const MicroRecord& r) { return r.where.starts_with(f.string() + ":"); });
+      if (pageable_copy_bytes_per_s(of_file) > 0.0) holding += (holding.empty() ? "" : ", ") + as_named(f, data_dir);
+    }
     char value[640];
     std::snprintf(value, sizeof value,
                   "{ value = %.4g, source = \"microbench --suite offload: median of the h2d_pageable and d2h_pageable "
