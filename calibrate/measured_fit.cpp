@@ -128,9 +128,10 @@ int run_measured_fit(const std::vector<std::string>& run_files, const std::strin
     // The files that hold pageable copies, by name (a record's `where` is "file:line").
     std::string holding;
     for (const auto& f : files) {
+      const std::string prefix = f.string() + ":";
       std::vector<MicroRecord> of_file;
       std::copy_if(micro.begin(), micro.end(), std::back_inserter(of_file),
-                   [&](const MicroRecord& r) { return r.where.starts_with(f.string() + ":"); });
+                   [&](const MicroRecord& r) { return r.where.starts_with(prefix); });
       if (pageable_copy_bytes_per_s(of_file) > 0.0) holding += (holding.empty() ? "" : ", ") + as_named(f, data_dir);
     }
     char value[640];

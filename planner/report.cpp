@@ -301,31 +301,31 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
       << " x " << ctx.hardware->name << " (" << ctx.hardware->gpu.name << ", "
       << format_gib(any.gpu_memory_limit_bytes) << " GiB), seq " << c.seq_len << ", "
       << precision_name(c.precision) << "\n";
-  const std::string engine = engine_name(c.engine);
-  const HeldOutInterval& held = ctx.hardware->held_out;
-  const double held_q = held.log_q95_for(engine, c.world_size(), c.nodes);
-  const bool transferred = held_q > 0 || ctx.hardware->transferred_log_q95 > 0;
-  if (!ctx.hardware->coefs_calibrated && transferred)
-    out << "note: profile '" << ctx.hardware->name << "' is not calibrated: datasheet figures"
-        << (ctx.hardware->engines_from.empty() ? "" : ", engine behaviour from " + ctx.hardware->engines_from)
-        << "; ±95% = ";
-  if (!ctx.hardware->coefs_calibrated && held_q > 0) {
-    out << fmt("%.0f", 100 * std::expm1(held_q)) << " %, the model's error on this GPU kind's own runs of " << engine
-        << " on up to " << held.world_size_max << " GPU" << (held.world_size_max > 1 ? "s" : "")
-        << ", each predicted before it ran ([coefficients.held_out])\n";
-  } else if (!ctx.hardware->coefs_calibrated && transferred) {
-    if (ctx.hardware->transferred_log_q95_no_offload > 0)
-      out << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95_no_offload)) << " % without CPU offload, ";
-    out << fmt("%.0f", 100 * std::expm1(ctx.hardware->transferred_log_q95))
-        << (ctx.hardware->transferred_log_q95_no_offload > 0 ? " % with it" : " %")
-        << ", the model's error on published throughputs of uncalibrated GPUs (calibrate report --published)\n";
-  } else if (!ctx.hardware->coefs_calibrated) {
-    out << "note: profile '" << ctx.hardware->name
-        << "' is not calibrated: efficiencies are first estimates (run `calibrate` on this hardware)\n";
+  const HardwareProfile& hw = *ctx.hardware;
+  if (hw.coefs_calibrated) {
+    std::string src = hw.coefs_source.substr(0, hw.coefs_source.find(';'));
+    out << "profile '" << hw.name << "' calibrated (" << src << "); ±95% = " << interval_legend(hw) << "\n";
   } else {
-    std::string src = ctx.hardware->coefs_source.substr(0, ctx.hardware->coefs_source.find(';'));
-    out << "profile '" << ctx.hardware->name << "' calibrated (" << src << "); ±95% = "
-        << interval_legend(*ctx.hardware)        << "\n";
+    const std::string engine = engine_name(c.engine);
+    const double held_q = hw.held_out.log_q95_for(engine, c.world_size(), c.nodes);
+    if (held_q > 0 || hw.transferred_log_q95 > 0) {
+      out << "note: profile '" << hw.name << "' is not calibrated: datasheet figures"
+          << (hw.engines_from.empty() ? "" : ", engine behaviour from " + hw.engines_from) << "; ±95% = ";
+      if (held_q > 0) {
+        out << fmt("%.0f", 100 * std::expm1(held_q)) << " %, the model's error on this GPU kind's own runs of " << engine
+            << " on up to " << hw.held_out.world_size_max << " GPU" << (hw.held_out.world_size_max > 1 ? "s" : "")
+            << ", each predicted before it ran ([coefficients.held_out])\n";
+      } else {
+        if (hw.transferred_log_q95_no_offload > 0)
+          out << fmt("%.0f", 100 * std::expm1(hw.transferred_log_q95_no_offload)) << " % without CPU offload, ";
+        out << fmt("%.0f", 100 * std::expm1(hw.transferred_log_q95))
+            << (hw.transferred_log_q95_no_offload > 0 ? " % with it" : " %")
+            << ", the model's error on published throughputs of uncalibrated GPUs (calibrate report --published)\n";
+      }
+    } else {
+      out << "note: profile '" << hw.name
+          << "' is not calibrated: efficiencies are first estimates (run `calibrate` on this hardware)\n";
+    }
   }
   const MeasuredComponents& m = ctx.hardware->measured;
   if (!m.empty()) {
