@@ -142,11 +142,12 @@ nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
   };
   std::vector<Repeat> repeats;
   for (const RunRecord& r : runs) {
-    if (r.step_s_by_file.size() < 2 || !(r.step_s > 0)) continue;
-    const auto [lo, hi] = std::minmax_element(r.step_s_by_file.begin(), r.step_s_by_file.end());
+    if (r.step_by_file.size() < 2 || !(r.step_s > 0)) continue;
+    const std::vector<double> steps_s = step_measurements_s(r);
+    const auto [lo, hi] = std::minmax_element(steps_s.begin(), steps_s.end());
     if (!(*lo > 0)) continue;
     Repeat rep{&r, launch_bound_of(r), *hi / *lo - 1, {}};
-    for (double m : r.step_s_by_file) rep.dev_frac.push_back(std::abs(m / r.step_s - 1));
+    for (double m : steps_s) rep.dev_frac.push_back(std::abs(m / r.step_s - 1));
     repeats.push_back(std::move(rep));
   }
   const auto summary = [&](int cls) {  // cls: -1 all, 0 GPU-bound, 1 launch-bound
@@ -175,7 +176,7 @@ nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
     out["runs"].push_back({{"key", rep.run->key},
                            {"launch_bound", rep.launch_bound},
                            {"step_s", rep.run->step_s},
-                           {"step_s_by_file", rep.run->step_s_by_file},
+                           {"step_s_by_file", step_measurements_s(*rep.run)},
                            {"spread_pct", 100 * rep.spread_frac}});
   return out;
 }
@@ -215,12 +216,10 @@ nlohmann::json held_out_interval(const std::vector<RunRecord>& runs, const Hardw
   for (const RunRecord& r : runs) {
     const double predicted_s = evaluate(r.model, hw, r.config).time.step_s;
     world_size_max = std::max<int64_t>(world_size_max, r.config.world_size());
-    for (size_t k = 0; k < r.step_s_by_file.size(); ++k) {
-      // A record built without its files' names (not by load_runs) counts as its source's.
-      const std::string& file = k < r.step_files.size() ? r.step_files[k] : r.source;
-      auto [it, added] = scores_of.try_emplace(file);
-      if (added) file_order.push_back(file);
-      it->second.push_back(std::abs(std::log(r.step_s_by_file[k] / predicted_s)));
+    for (const RunRecord::FileStep& f : r.step_by_file) {
+      auto [it, added] = scores_of.try_emplace(f.file);
+      if (added) file_order.push_back(f.file);
+      it->second.push_back(std::abs(std::log(f.step_s / predicted_s)));
     }
   }
   std::vector<std::vector<double>> by_file;

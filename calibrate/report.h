@@ -33,7 +33,7 @@ nlohmann::json summarize(const std::vector<Row>& rows, bool holdout);
 // quantile of |log(measured / predicted)| over each runs file's median step of each run (0 under
 // kConformalMinScores), the largest world size among them, and each file's coverage by the
 // quantile of the others' (leave one file out). `runs` are one engine's, as load_runs pools them
-// (RunRecord::step_s_by_file, step_files). The source of [coefficients.held_out].
+// (RunRecord::step_by_file). The source of [coefficients.held_out].
 nlohmann::json held_out_interval(const std::vector<RunRecord>& runs, const HardwareProfile& hw);
 nlohmann::json micro_summary(const std::vector<MicroRecord>& micro, const HardwareProfile& hw);
 std::string svg_plot(const std::vector<Row>& rows, const std::string& title);

@@ -237,17 +237,17 @@ std::vector<RunRecord> load_runs(const std::vector<std::filesystem::path>& files
     Acc& a = groups[key];
     RunRecord r = a.rec;
     for (const auto& [name, member] : kMedianFields) r.*member = median(a.values[name]);
-    for (const auto& [file, steps] : a.by_file) {
-      r.step_s_by_file.push_back(median(steps));
-      r.step_files.push_back(file);
-    }
+    for (const auto& [file, steps] : a.by_file) r.step_by_file.push_back({file, median(steps)});
     out.push_back(r);
   }
   return out;
 }
 
 std::vector<double> step_measurements_s(const RunRecord& r) {
-  return r.step_s_by_file.empty() ? std::vector<double>{r.step_s} : r.step_s_by_file;
+  if (r.step_by_file.empty()) return {r.step_s};
+  std::vector<double> out;
+  for (const RunRecord::FileStep& f : r.step_by_file) out.push_back(f.step_s);
+  return out;
 }
 
 std::vector<RunRecord> runs_of_engine(const std::vector<RunRecord>& runs, const std::string& engine) {

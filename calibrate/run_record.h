@@ -32,11 +32,14 @@ struct RunRecord {
   // The median step of each runs file that measured the configuration, in load order: files are
   // calls, often on other machines of the kind, and step_s (the median over all) hides how far
   // one machine's run falls from it. Empty: step_s alone.
-  std::vector<double> step_s_by_file;
-  std::vector<std::string> step_files;  // the runs file of each step_s_by_file entry, as loaded
+  struct FileStep {
+    std::string file;  // the runs file, as loaded
+    double step_s = 0;
+  };
+  std::vector<FileStep> step_by_file;
 };
 
-// The measured step times a prediction of `r` answers for: one per runs file (step_s_by_file),
+// The measured step times a prediction of `r` answers for: one per runs file (step_by_file),
 // else step_s.
 std::vector<double> step_measurements_s(const RunRecord& r);
 

@@ -353,7 +353,8 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
               << " dropped (memory)\n\n";
     if (!res.ranked.empty()) {
       std::vector<Prediction> top(res.ranked.begin(), res.ranked.begin() + static_cast<long>(shown));
-      std::cout << "Top " << shown << " (ranked by predicted tokens/s less a 0.25-1 % handicap per added mechanism)\n" << plans_table(top, ctx) << "\n";
+      std::cout << "Top " << shown << " (ranked by predicted tokens/s less a " << handicap_range_text()
+                << " handicap per added mechanism)\n" << plans_table(top, ctx) << "\n";
       std::cout << "Top plan: " << family_name(res.ranked.front().config) << ", micro-batch "
                 << res.ranked.front().config.micro_batch << ", GAS " << res.ranked.front().config.gas
                 << (res.ranked.front().config.activation_checkpointing ? ", checkpointing" : "") << "\n";

@@ -67,14 +67,33 @@ std::string largest_increase(const Prediction& p, const Prediction& top) {
 
 }  // namespace
 
+const std::vector<Mechanism>& complexity_mechanisms() {
+  static const std::vector<Mechanism> mechanisms = {
+      {"parameter offload", 2.0, [](const TrainConfig& c) { return c.offload_params == OffloadDevice::kCpu; }},
+      {"optimizer offload", 1.0, [](const TrainConfig& c) { return c.offload_optimizer == OffloadDevice::kCpu; }},
+      {"stage 3", 0.5, [](const TrainConfig& c) { return c.zero_stage == 3; }},
+      {"8-bit states", 0.5, [](const TrainConfig& c) { return c.optimizer == OptimizerKind::kAdamW8bit; }},
+      {"checkpointing", 0.5, [](const TrainConfig& c) { return c.activation_checkpointing; }},
+  };
+  return mechanisms;
+}
+
 double complexity(const TrainConfig& c) {
   double score = 0;
-  if (c.offload_params == OffloadDevice::kCpu) score += 2;
-  if (c.offload_optimizer == OffloadDevice::kCpu) score += 1;
-  if (c.zero_stage == 3) score += 0.5;
-  if (c.optimizer == OptimizerKind::kAdamW8bit) score += 0.5;
-  if (c.activation_checkpointing) score += 0.5;
+  for (const Mechanism& m : complexity_mechanisms())
+    if (m.on(c)) score += m.weight;
   return score;
+}
+
+std::string handicap_range_text() {
+  double lo = 0, hi = 0;
+  for (const Mechanism& m : complexity_mechanisms()) {
+    lo = lo == 0 ? m.weight : std::min(lo, m.weight);
+    hi = std::max(hi, m.weight);
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%g-%g %%", 100 * kHandicapPerComplexity * lo, 100 * kHandicapPerComplexity * hi);
+  return buf;
 }
 
 double typical_error_frac(const HardwareProfile& hw) {
@@ -84,7 +103,7 @@ double typical_error_frac(const HardwareProfile& hw) {
 }
 
 double ranking_score(const Prediction& p) {
-  return p.throughput.tokens_per_s * (1.0 - 0.005 * complexity(p.config));
+  return p.throughput.tokens_per_s * (1.0 - kHandicapPerComplexity * complexity(p.config));
 }
 
 std::string dominant_cost(const Prediction& p, double* share_out) {

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/prediction.h"
@@ -71,13 +72,23 @@ double typical_error_frac(const HardwareProfile& hw);
 // not divisible by the world size, ...).
 SearchResult search_plans(const SearchRequest& request);
 
-// How much machinery a configuration adds (offloads, stage 3, 8-bit states,
-// checkpointing). Plans are ranked by tokens/s x (1 - 0.5 % x complexity): a plan must
-// beat a simpler one by that margin to rank above it. The margin is smaller than the
-// model's error (SearchResult::typical_error_frac); plans inside that error of the top
-// plan are reported as ones the model does not order.
+// How much machinery a configuration adds: the sum of the weights of the mechanisms it turns on
+// (parameter offload 2, optimizer offload 1, stage 3, 8-bit states and checkpointing 0.5 each).
+// Plans are ranked by tokens/s x (1 - kHandicapPerComplexity x complexity): a plan must beat a
+// simpler one by that margin to rank above it. The margin is smaller than the model's error
+// (SearchResult::typical_error_frac); plans inside that error of the top plan are reported as
+// ones the model does not order.
+struct Mechanism {
+  std::string_view name;
+  double weight;
+  bool (*on)(const TrainConfig&);
+};
+const std::vector<Mechanism>& complexity_mechanisms();
+inline constexpr double kHandicapPerComplexity = 0.005;
 double complexity(const TrainConfig& config);
 double ranking_score(const Prediction& p);
+// "0.25-1 %": the smallest and largest handicap one mechanism adds.
+std::string handicap_range_text();
 
 // What one change to a CPU-offload plan would buy, the global batch kept.
 struct Lever {

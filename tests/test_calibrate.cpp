@@ -767,7 +767,7 @@ TEST_CASE("interval quantiles by class: conformal ranks by hand, pooled under 19
   // twice, where the median (1.32, 0.03 from the prediction) would hide the spread.
   RunRecord twice;
   twice.step_s = (1.0 + std::exp(0.5)) / 2;
-  twice.step_s_by_file = {1.0, std::exp(0.5)};
+  twice.step_by_file = {{"a.jsonl", 1.0}, {"b.jsonl", std::exp(0.5)}};
   CvPrediction p;
   p.run = &twice;
   p.step_s = std::exp(0.25);
@@ -839,10 +839,14 @@ TEST_CASE("run records: a configuration measured in two files keeps each file's 
   fs::remove(b);
   REQUIRE(runs.size() == 1);
   CHECK(runs[0].step_s == doctest::Approx(1.35));
-  REQUIRE(runs[0].step_s_by_file.size() == 2);
-  CHECK(runs[0].step_s_by_file[0] == doctest::Approx(1.1));
-  CHECK(runs[0].step_s_by_file[1] == doctest::Approx(1.6));
-  CHECK(step_measurements_s(runs[0]) == runs[0].step_s_by_file);
+  REQUIRE(runs[0].step_by_file.size() == 2);
+  CHECK(runs[0].step_by_file[0].file == a.string());
+  CHECK(runs[0].step_by_file[0].step_s == doctest::Approx(1.1));
+  CHECK(runs[0].step_by_file[1].file == b.string());
+  CHECK(runs[0].step_by_file[1].step_s == doctest::Approx(1.6));
+  const std::vector<double> steps_s = step_measurements_s(runs[0]);
+  REQUIRE(steps_s.size() == 2);
+  CHECK(steps_s[1] == doctest::Approx(1.6));
 }
 
 TEST_CASE("test-retest: spreads and distances from the pooled median, by hand, by interval class") {
@@ -856,13 +860,13 @@ TEST_CASE("test-retest: spreads and distances from the pooled median, by hand, b
   RunRecord a, b, c;
   a.key = "A";
   a.step_s = 1.1;
-  a.step_s_by_file = {1.0, 1.2};
+  a.step_by_file = {{"1.jsonl", 1.0}, {"2.jsonl", 1.2}};
   b.key = "B";
   b.step_s = 2.0;
-  b.step_s_by_file = {2.0, 1.8, 2.2};
+  b.step_by_file = {{"1.jsonl", 2.0}, {"2.jsonl", 1.8}, {"3.jsonl", 2.2}};
   c.key = "C";
   c.step_s = 3.0;
-  c.step_s_by_file = {3.0};
+  c.step_by_file = {{"1.jsonl", 3.0}};
   const nlohmann::json j =
       repeatability_report({a, b, c}, [](const RunRecord& r) { return r.key == "A"; });
   CHECK(j["configurations"].get<int>() == 2);

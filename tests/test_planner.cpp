@@ -379,3 +379,23 @@ TEST_CASE("on one GPU a peer's stages 1-3 without offload are plans; the Stepcas
   for (const auto& n : sres.notes) noted |= n.find("partition nothing") != std::string::npos;
   CHECK(noted);
 }
+
+TEST_CASE("complexity: each mechanism's weight, summed; the header's handicap range from the same table") {
+  // README, "Ranking": parameter offload 1 %, CPU optimizer offload 0.5 %, stage 3, 8-bit states
+  // and checkpointing 0.25 % each, i.e. weights 2, 1, 0.5, 0.5, 0.5 at 0.5 % per unit.
+  TrainConfig c;
+  c.zero_stage = 2;
+  c.offload_optimizer = OffloadDevice::kNone;
+  c.offload_params = OffloadDevice::kNone;
+  c.optimizer = OptimizerKind::kAdamW;
+  c.activation_checkpointing = false;
+  CHECK(complexity(c) == 0.0);
+  c.offload_optimizer = OffloadDevice::kCpu;
+  CHECK(complexity(c) == 1.0);
+  c.zero_stage = 3;
+  c.offload_params = OffloadDevice::kCpu;
+  c.optimizer = OptimizerKind::kAdamW8bit;
+  c.activation_checkpointing = true;
+  CHECK(complexity(c) == 2.0 + 1.0 + 0.5 + 0.5 + 0.5);
+  CHECK(handicap_range_text() == "0.25-1 %");
+}
