@@ -55,6 +55,12 @@ run exp_serial_json "$PLANNER" explain --model llama-2-7b --gpus 2 --stage 3 --o
 run exp_math "$PLANNER" explain --model qwen2.5-14b --gpus 4 --stage 3 --micro-batch 2 --gas 8 --attention math \
   --checkpointing on --seq 4096
 run exp_bad "$PLANNER" explain --model 6b --stage 5
+# The profile note's other cases: a profile with a held-out interval for the engine (h100-sxm,
+# DeepSpeed) and a datasheet profile whose interval is transferred (a40).
+run exp_h100_ds "$PLANNER" explain --model pythia-2.8b --gpus 1 --hardware h100-sxm --engine deepspeed --stage 2 \
+  --offload-optimizer cpu --micro-batch 4 --gas 2
+run exp_a40 "$PLANNER" explain --model pythia-2.8b --gpus 1 --hardware a40 --precision fp32 --stage 2 \
+  --offload-optimizer cpu --micro-batch 4 --gas 5
 
 run cal_report_json "$CALIBRATE" report --runs $RUNS/2026-11-30_calibration_v3_micro.jsonl \
   $RUNS/2026-11-30_calibration_v3.jsonl --hardware h200-sxm --json
