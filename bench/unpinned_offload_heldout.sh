@@ -6,6 +6,7 @@
 # against its pinned twin measured in the same call.
 # Usage (GPU host, repository root):
 #   STEPCAST_GIT_COMMIT=sha bench/unpinned_offload_heldout.sh OUT_DIR HARDWARE [SECONDS=570] [LIST]
+# Everything it writes is also in OUT_DIR.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="$1"; HW="$2"; LIMIT_S="${3:-570}"; LIST="${4:-bench/runlists/unpinned_offload_deepspeed_1gpu.txt}"
@@ -50,3 +51,6 @@ for key, by_pin in steps.items():
         print("%s: %s only, %.3f s" % (plan, "pinned" if True in by_pin else "unpinned",
                                         statistics.median(next(iter(by_pin.values())))))
 PY
+# The whole output in one file beside the folder: the device tool returns a few files per call, and
+# the folder holds nine (the run records among them).
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "all of $OUT in $OUT.tgz"
