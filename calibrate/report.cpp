@@ -138,16 +138,18 @@ nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
     const RunRecord* run;
     bool launch_bound;
     double spread_frac;
+    std::vector<double> steps_s;   // each file's median step
     std::vector<double> dev_frac;  // |file median / pooled median - 1|, one per file
   };
   std::vector<Repeat> repeats;
   for (const RunRecord& r : runs) {
     if (r.step_by_file.size() < 2 || !(r.step_s > 0)) continue;
-    const std::vector<double> steps_s = step_measurements_s(r);
+    std::vector<double> steps_s = step_measurements_s(r);
     const auto [lo, hi] = std::minmax_element(steps_s.begin(), steps_s.end());
     if (!(*lo > 0)) continue;
-    Repeat rep{&r, launch_bound_of(r), *hi / *lo - 1, {}};
+    Repeat rep{&r, launch_bound_of(r), *hi / *lo - 1, {}, {}};
     for (double m : steps_s) rep.dev_frac.push_back(std::abs(m / r.step_s - 1));
+    rep.steps_s = std::move(steps_s);
     repeats.push_back(std::move(rep));
   }
   const auto summary = [&](int cls) {  // cls: -1 all, 0 GPU-bound, 1 launch-bound
@@ -176,7 +178,7 @@ nlohmann::json repeatability_report(const std::vector<RunRecord>& runs,
     out["runs"].push_back({{"key", rep.run->key},
                            {"launch_bound", rep.launch_bound},
                            {"step_s", rep.run->step_s},
-                           {"step_s_by_file", step_measurements_s(*rep.run)},
+                           {"step_s_by_file", rep.steps_s},
                            {"spread_pct", 100 * rep.spread_frac}});
   return out;
 }
