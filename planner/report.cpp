@@ -169,6 +169,13 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
                  {"param_gather_total", t.param_gather_total_s},
                  {"offload_transfer_total", t.offload_transfer_total_s},
                  {"optimizer_total", t.optimizer_total_s}};
+  // How the ranking weighs the plan: the mechanisms it turns on, their handicap, its score.
+  nlohmann::json mechanisms = nlohmann::json::array();
+  for (const Mechanism& mech : complexity_mechanisms())
+    if (mech.on(c)) mechanisms.push_back(mech.name);
+  j["ranking"] = {{"mechanisms", mechanisms},
+                  {"handicap_frac", kHandicapPerComplexity * complexity(c)},
+                  {"score_tokens_per_s", ranking_score(p)}};
   j["throughput"] = {{"tokens_per_s", p.throughput.tokens_per_s},
                      {"world_samples_per_s", p.throughput.world_samples_per_s},
                      {"rank_samples_per_s", p.throughput.rank_samples_per_s},

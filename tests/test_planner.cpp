@@ -186,6 +186,18 @@ TEST_CASE("JSON contract fields") {
   TrainConfig c = res.ranked.front().config;
   c.gas = 1;
   CHECK(plan_to_json(evaluate(r.model, r.hardware, c), ctx)["time_s"]["gas"].is_null());
+  // The ranking's weighing, by hand: optimizer offload (weight 1) and checkpointing (0.5) at
+  // 0.5 % a unit handicap the plan 0.75 %, and its score is its tokens/s less that share.
+  c.zero_stage = 2;
+  c.offload_optimizer = OffloadDevice::kCpu;
+  c.offload_params = OffloadDevice::kNone;
+  c.optimizer = OptimizerKind::kAdamW;
+  c.activation_checkpointing = true;
+  const Prediction p = evaluate(r.model, r.hardware, c);
+  const nlohmann::json rank = plan_to_json(p, ctx)["ranking"];
+  CHECK(rank["mechanisms"] == nlohmann::json::array({"optimizer offload", "checkpointing"}));
+  CHECK(rank["handicap_frac"].get<double>() == doctest::Approx(0.0075));
+  CHECK(rank["score_tokens_per_s"].get<double>() == doctest::Approx(p.throughput.tokens_per_s * 0.9925));
 }
 
 TEST_CASE("plans beyond the calibrated micro-batches are flagged as extrapolated") {
