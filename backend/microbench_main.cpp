@@ -14,6 +14,7 @@
 // Rank 0 appends one JSON line per measurement ("kind": "micro", the median of
 // timed repetitions in "seconds"), after a "micro_env" line with the
 // environment, and a "micro_done" line at the end. Progress goes to stderr.
+#include <array>
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -141,6 +142,16 @@ void print_ratios(const std::vector<nlohmann::json>& recs) {
                      (*pageable)["bytes"].get<double>() / kBytesPerMiB,
                      (*pinned)["seconds"].get<double>() / (*pageable)["seconds"].get<double>(),
                      (*pageable)["bytes"].get<double>() / (*pageable)["seconds"].get<double>() / 1e9);
+  // DeepSpeed ZeRO-3's staged cross-dtype copies against the plain pageable ones, largest size.
+  for (const auto& [dir, staged_name, pageable_name] :
+       {std::array<const char*, 3>{"d2h", "d2h_staged", "d2h_pageable"}, {"h2d", "h2d_staged", "h2d_pageable"}})
+    if (const auto* staged = find(is(staged_name)))
+      if (const auto* pageable = find(is(pageable_name)))
+        std::fprintf(stderr, "  %s staged vs pageable (%.0f MiB of 16-bit): %.2fx the time, %.2f GB/s of 16-bit bytes\n", dir,
+                     (*staged)["bytes"].get<double>() / kBytesPerMiB,
+                     (*staged)["seconds"].get<double>() / (*pageable)["seconds"].get<double>() *
+                         (*pageable)["bytes"].get<double>() / (*staged)["bytes"].get<double>(),
+                     (*staged)["bytes"].get<double>() / (*staged)["seconds"].get<double>() / 1e9);
   // Optimizers: 8-bit against fp32 AdamW on the same size (and threads).
   for (const auto& r : recs) {
     if (r["bench"] != "cpu_optimizer" && r["bench"] != "gpu_optimizer") continue;
@@ -428,12 +439,37 @@ void time_copies(Bench& b, Runtime& rt, double bytes, bool pinned) {
          (pinned ? "d2h " : "d2h pageable ") + mib);
 }
 
-// Pinned copies of 64 MiB to 1 GiB, the engine's per-unit sizes; pageable ones from 4 MiB (a
-// small layer's gradient) to 1 GiB.
+// One size of DeepSpeed ZeRO-3 offload's cross-dtype copies (runtime/zero/stage3.py): the 16-bit
+// gradient partition into its fp32 host buffer (partition_grads: fp32_grad_tensor.copy_), and
+// after the CPU step the fp32 partition into the 16-bit GPU parameter. Torch stages a copy between
+// devices and dtypes through a fresh temporary on the host, converting there
+// (aten/src/ATen/native/cuda/Copy.cu, copy_requires_temporaries), and the calling thread waits:
+// "d2h_staged" / "h2d_staged", `bytes` counting the 16-bit side as the DeepSpeed section's
+// staged_copy_bytes_per_s does. The fp32 host buffer is pageable, as with "pin_memory": false.
+void time_staged_copies(Bench& b, Runtime& rt, double bytes) {
+  const int64_t n = static_cast<int64_t>(bytes) / 2;
+  auto dev = torch::full({n}, 1.5, torch::dtype(torch::kBFloat16).device(rt.device()));
+  auto host = torch::zeros({n}, torch::kFloat32);
+  const std::string mib = std::to_string(static_cast<int64_t>(bytes / kBytesPerMiB)) + " MiB";
+  const int threads = torch::get_num_threads();
+  const double down = b.time_s(1, [&] { host.copy_(dev); });
+  if (host[n - 1].item<float>() != 1.5f) throw std::runtime_error("microbench: d2h_staged copy lost its values");
+  b.emit({{"bench", "d2h_staged"}, {"bytes", bytes}, {"threads", threads}, {"seconds", down}},
+         "d2h staged bf16->fp32 " + mib);
+  host.fill_(2.5);
+  const double up = b.time_s(1, [&] { dev.copy_(host); });
+  if (dev[0].item<float>() != 2.5f) throw std::runtime_error("microbench: h2d_staged copy lost its values");
+  b.emit({{"bench", "h2d_staged"}, {"bytes", bytes}, {"threads", threads}, {"seconds", up}},
+         "h2d staged fp32->bf16 " + mib);
+}
+
+// Pinned copies of 64 MiB to 1 GiB, the engine's per-unit sizes; pageable and staged ones from
+// 4 MiB (a small layer's gradient) to 1 GiB.
 void run_offload(Bench& b, Runtime& rt) {
   if (!rt.is_cuda()) return;
   for (double bytes = 64 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) time_copies(b, rt, bytes, true);
   for (double bytes = 4 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) time_copies(b, rt, bytes, false);
+  for (double bytes = 4 * kBytesPerMiB; bytes <= 1024 * kBytesPerMiB; bytes *= 4) time_staged_copies(b, rt, bytes);
 }
 
 // CPU AdamW (fp32 states, and 8-bit) by thread count on 64 Mi parameters

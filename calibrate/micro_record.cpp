@@ -32,6 +32,8 @@ constexpr BenchName kBenchNames[kNumMicroBenches] = {
     {MicroBench::kElementwise, "elementwise"},
     {MicroBench::kH2DPageable, "h2d_pageable"},
     {MicroBench::kD2HPageable, "d2h_pageable"},
+    {MicroBench::kD2HStaged, "d2h_staged"},
+    {MicroBench::kH2DStaged, "h2d_staged"},
 };
 
 double positive(const nlohmann::json& j, const char* key, const std::string& where) {
@@ -124,6 +126,11 @@ std::vector<MicroRecord> load_micro(const std::vector<std::filesystem::path>& fi
         case MicroBench::kD2HPageable:
           r.bytes = positive(j, "bytes", where);
           break;
+        case MicroBench::kD2HStaged:
+        case MicroBench::kH2DStaged:
+          r.bytes = positive(j, "bytes", where);
+          r.threads = positive(j, "threads", where);
+          break;
         case MicroBench::kElementwise:
           r.model = j.at("model").get<std::string>();
           r.tokens = positive(j, "tokens", where);
@@ -182,6 +189,9 @@ std::vector<Coef> micro_coefs(MicroBench b) {
     case MicroBench::kH2DPageable:
     case MicroBench::kD2HPageable:
       return {};  // the host's measured rate itself (HostSpec::pageable_bytes_per_s)
+    case MicroBench::kD2HStaged:
+    case MicroBench::kH2DStaged:
+      return {};  // measurements of the host for the DeepSpeed section, not fitted here
     case MicroBench::kCpuOptimizer:
       return {kCpuCoreBytesPerSPerLane, kCpuDramEffFrac, kCpuLaneFlopsPerS, kCpuOptStepOverheadS};
     case MicroBench::kGpuOptimizer:

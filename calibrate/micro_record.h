@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,12 @@ namespace stepcast::calibrate {
 
 // kH2DPageable, kD2HPageable: copies from and to pageable host memory, at the host's measured
 // HostSpec::pageable_bytes_per_s; no coefficient reads them (the component fit skips them).
-enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer, kElementwise, kH2DPageable, kD2HPageable };
-inline constexpr int kNumMicroBenches = 13;
+// kD2HStaged, kH2DStaged: DeepSpeed ZeRO-3 offload's cross-dtype copies between a 16-bit GPU
+// tensor and a pageable fp32 host one, which torch stages through a host temporary; `bytes`
+// counts the 16-bit side. Measurements of the host for the DeepSpeed section's staged_copy and
+// host_copy rates; no coefficient of the main fit reads them.
+enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer, kElementwise, kH2DPageable, kD2HPageable, kD2HStaged, kH2DStaged };
+inline constexpr int kNumMicroBenches = 15;
 const char* micro_bench_name(MicroBench b);
 
 struct MicroRecord {
@@ -97,6 +102,9 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
     case MicroBench::kH2DPageable:
     case MicroBench::kD2HPageable:  // as step_time.h times DeepSpeed's unpinned copies
       return T(r.bytes / hw.host.pageable_bytes_per_s);
+    case MicroBench::kD2HStaged:
+    case MicroBench::kH2DStaged:  // rates of the DeepSpeed section, not of these coefficients
+      return T(std::numeric_limits<double>::quiet_NaN());
     case MicroBench::kCpuOptimizer:
       return cpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, true),
                                   optimizer_flops(r.optimizer), r.threads, hw.host.simd_fp32_lanes,

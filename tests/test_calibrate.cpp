@@ -389,7 +389,31 @@ TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
   CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("key \"tokens\" must be positive"), InputError);
   std::ofstream(p) << R"({"kind":"micro","bench":"fft","seconds":1})" << "\n";
   CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("unknown value \"fft\""), InputError);
+  // DeepSpeed's staged cross-dtype copies carry the torch threads that converted them.
+  std::ofstream(p) << R"({"kind":"micro","bench":"d2h_staged","bytes":268435456,"seconds":0.2})" << "\n";
+  CHECK_THROWS_WITH_AS(load_micro({p}), doctest::Contains("key 'threads' not found"), InputError);
   fs::remove(p);
+}
+
+TEST_CASE("DeepSpeed's staged copies: read, fitted by nothing, predicted by no main coefficient") {
+  const fs::path p = fs::temp_directory_path() / "stepcast_staged_micro.jsonl";
+  std::ofstream(p) << R"({"kind":"micro","bench":"d2h_staged","bytes":268435456,"threads":16,"seconds":0.2})" << "\n"
+                   << R"({"kind":"micro","bench":"h2d_staged","bytes":268435456,"threads":16,"seconds":0.1})" << "\n";
+  const std::vector<MicroRecord> micro = load_micro({p});
+  fs::remove(p);
+  REQUIRE(micro.size() == 2);
+  CHECK(micro[0].bench == MicroBench::kD2HStaged);
+  CHECK(micro[1].bench == MicroBench::kH2DStaged);
+  CHECK(micro[0].bytes == 268435456.0);
+  CHECK(micro[0].threads == 16.0);
+  CHECK(micro[0].label() == "d2h_staged 256 MiB x1");
+  const HardwareProfile hw = test::hardware("h200-sxm");
+  for (const MicroRecord& r : micro) {
+    CHECK(micro_coefs(r).empty());
+    CHECK(std::isnan(predict_micro(r, hw, hw.coefs.data())));
+  }
+  // Neither counts as a pageable copy.
+  CHECK(pageable_copy_bytes_per_s(micro) == 0.0);
 }
 
 TEST_CASE("a run list line's --emulate-nodes is read once, and kept among train's flags") {
