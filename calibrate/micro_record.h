@@ -4,7 +4,6 @@
 #pragma once
 
 #include <filesystem>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,8 +19,9 @@ namespace stepcast::calibrate {
 // HostSpec::pageable_bytes_per_s; no coefficient reads them (the component fit skips them).
 // kD2HStaged, kH2DStaged: DeepSpeed ZeRO-3 offload's cross-dtype copies between a 16-bit GPU
 // tensor and a pageable fp32 host one, which torch stages through a host temporary; `bytes`
-// counts the 16-bit side. Measurements of the host for the DeepSpeed section's staged_copy and
-// host_copy rates; no coefficient of the main fit reads them.
+// counts the 16-bit side. Predicted at the DeepSpeed section's staged_copy_bytes_per_s and
+// host_copy_bytes_per_s_per_thread (`calibrate report --engine deepspeed` compares them with the
+// host's measurement); no fit reads them.
 enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer, kElementwise, kH2DPageable, kD2HPageable, kD2HStaged, kH2DStaged };
 inline constexpr int kNumMicroBenches = 15;
 const char* micro_bench_name(MicroBench b);
@@ -102,9 +102,13 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
     case MicroBench::kH2DPageable:
     case MicroBench::kD2HPageable:  // as step_time.h times DeepSpeed's unpinned copies
       return T(r.bytes / hw.host.pageable_bytes_per_s);
-    case MicroBench::kD2HStaged:
-    case MicroBench::kH2DStaged:  // rates of the DeepSpeed section, not of these coefficients
-      return T(std::numeric_limits<double>::quiet_NaN());
+    case MicroBench::kD2HStaged:  // as step_time.h times DeepSpeed ZeRO-3's gradient copy
+      return T(r.bytes) / coef[kStagedCopyBytesPerS];
+    case MicroBench::kH2DStaged:
+      // As step_time.h times DeepSpeed ZeRO-3's parameter copy after the step (host_copy_time_s):
+      // fp32 read and 16-bit written on the threads, 6 bytes a parameter, 3 per 16-bit byte, then
+      // the 16-bit bytes staged to the GPU by one thread.
+      return host_copy_time_s(3.0 * r.bytes, r.bytes, 1.0, r.threads, hw.host.dram_bytes_per_s, coef);
     case MicroBench::kCpuOptimizer:
       return cpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, true),
                                   optimizer_flops(r.optimizer), r.threads, hw.host.simd_fp32_lanes,

@@ -395,7 +395,7 @@ TEST_CASE("micro-benchmark records: bad input names the file, line and key") {
   fs::remove(p);
 }
 
-TEST_CASE("DeepSpeed's staged copies: read, fitted by nothing, predicted by no main coefficient") {
+TEST_CASE("DeepSpeed's staged copies: read, fitted by nothing, predicted at the DeepSpeed section's rates") {
   const fs::path p = fs::temp_directory_path() / "stepcast_staged_micro.jsonl";
   std::ofstream(p) << R"({"kind":"micro","bench":"d2h_staged","bytes":268435456,"threads":16,"seconds":0.2})" << "\n"
                    << R"({"kind":"micro","bench":"h2d_staged","bytes":268435456,"threads":16,"seconds":0.1})" << "\n";
@@ -407,11 +407,20 @@ TEST_CASE("DeepSpeed's staged copies: read, fitted by nothing, predicted by no m
   CHECK(micro[0].bytes == 268435456.0);
   CHECK(micro[0].threads == 16.0);
   CHECK(micro[0].label() == "d2h_staged 256 MiB x1");
-  const HardwareProfile hw = test::hardware("h200-sxm");
-  for (const MicroRecord& r : micro) {
-    CHECK(micro_coefs(r).empty());
-    CHECK(std::isnan(predict_micro(r, hw, hw.coefs.data())));
-  }
+  for (const MicroRecord& r : micro) CHECK(micro_coefs(r).empty());
+  // By hand, at round rates: 256 MiB of 16-bit gradients at 1 GB/s take 0.268 s. The parameter
+  // copy converts 3 x 256 MiB on 16 threads at 2 GB/s each (32 GB/s) against DRAM at 100 GB/s x
+  // 0.5, a harmonic rate of 1 / (1/32 + 1/50) GB/s = 19.51 GB/s, and stages 256 MiB at 2 GB/s.
+  HardwareProfile hw = test::hardware("h200-sxm");
+  hw.host.dram_bytes_per_s = 100e9;
+  CoefVector c = hw.coefs;
+  c[kStagedCopyBytesPerS] = 1e9;
+  c[kHostCopyBytesPerSPerThread] = 2e9;
+  c[kCpuDramEffFrac] = 0.5;
+  const double bytes = 268435456.0;
+  CHECK(predict_micro(micro[0], hw, c.data()) == doctest::Approx(bytes / 1e9).epsilon(1e-12));
+  const double stream_bps = 1.0 / (1.0 / 32e9 + 1.0 / 50e9);
+  CHECK(predict_micro(micro[1], hw, c.data()) == doctest::Approx(3 * bytes / stream_bps + bytes / 2e9).epsilon(1e-12));
   // Neither counts as a pageable copy.
   CHECK(pageable_copy_bytes_per_s(micro) == 0.0);
 }
