@@ -270,7 +270,14 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   const auto files =
       run_files.empty() ? profile_run_paths(hw.calibration_runs, resolve_data_dir(dir)) : to_paths(run_files);
   const auto runs = runs_of_engine(load_runs(files, resolve_data_dir(dir)), engine);
-  const auto micro = engine == "stepcast" ? load_micro(files) : std::vector<MicroRecord>{};
+  // Our engine's components are the micro-benchmarks; DeepSpeed's own are its staged copies
+  // (predicted at its section's rates); FSDP2 has none.
+  std::vector<MicroRecord> micro;
+  if (engine != "fsdp2")
+    for (const MicroRecord& r : load_micro(files)) {
+      const bool staged = r.bench == MicroBench::kD2HStaged || r.bench == MicroBench::kH2DStaged;
+      if (engine == "stepcast" ? !staged : staged) micro.push_back(r);
+    }
   if (runs.empty() && micro.empty())
     throw InputError("--runs: no step runs of engine " + engine + " and no micro-benchmarks in the files given");
   const auto rows = predict_rows(runs, hw, holdout_frac, seed);

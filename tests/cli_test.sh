@@ -219,6 +219,15 @@ ok = (len(rows) == l["configurations"] > 0 and len({r["key"] for r in rows}) == 
       and abs(errs[0] - l["step_time_max_abs_pct_error"]) < 1e-9)
 sys.exit(0 if ok else 1)'; then
     ok; else bad "calibrate report: cv.loco.runs disagrees with the LOCO summary"; fi
+  # A micro-benchmark file: DeepSpeed's report predicts its staged copies (and nothing else) at
+  # the DeepSpeed section's rates; ours every bench but them; FSDP2's none.
+  MICRO="$(dirname "$PLANNER")/../../data/runs/h100-sxm/2026-12-07_session50_micro_optimizer_offload.jsonl"
+  if "$CALIBRATE" report --hardware h100-sxm --engine deepspeed --runs "$MICRO" --no-cv --json 2>/dev/null |
+     python3 -c 'import json,sys; b=json.load(sys.stdin)["micro"]["by_bench"]; sys.exit(0 if sorted(b) == ["d2h_staged", "h2d_staged"] else 1)' &&
+     "$CALIBRATE" report --hardware h100-sxm --runs "$MICRO" --no-cv --json 2>/dev/null |
+     python3 -c 'import json,sys; b=json.load(sys.stdin)["micro"]["by_bench"]; sys.exit(0 if b and not {"d2h_staged", "h2d_staged"} & set(b) else 1)' &&
+     ! "$CALIBRATE" report --hardware h100-sxm --engine fsdp2 --runs "$MICRO" --no-cv --json >/dev/null 2>&1; then
+    ok; else bad "calibrate report: the staged copies belong to DeepSpeed's report alone"; fi
   # --no-cv: the same runs, predictions and labels, without the cross-validation or the
   # coefficients' bootstrap.
   if "$CALIBRATE" report --hardware h200-sxm --engine fsdp2 --no-cv --json 2>/dev/null >"$TMP/nocv.json" &&
