@@ -25,6 +25,8 @@ namespace stepcast::calibrate {
 enum class MicroBench { kGemm, kAttention, kAttentionBwd, kAllReduce, kReduceScatter, kAllGather, kH2D, kD2H, kCpuOptimizer, kGpuOptimizer, kElementwise, kH2DPageable, kD2HPageable, kD2HStaged, kH2DStaged };
 inline constexpr int kNumMicroBenches = 15;
 const char* micro_bench_name(MicroBench b);
+// DeepSpeed ZeRO-3's staged copies: the DeepSpeed section's components, not our engine's.
+inline bool is_staged_copy(MicroBench b) { return b == MicroBench::kD2HStaged || b == MicroBench::kH2DStaged; }
 
 struct MicroRecord {
   MicroBench bench{};
@@ -105,10 +107,10 @@ T predict_micro(const MicroRecord& r, const HardwareProfile& hw, const T* coef) 
     case MicroBench::kD2HStaged:  // as step_time.h times DeepSpeed ZeRO-3's gradient copy
       return T(r.bytes) / coef[kStagedCopyBytesPerS];
     case MicroBench::kH2DStaged:
-      // As step_time.h times DeepSpeed ZeRO-3's parameter copy after the step (host_copy_time_s):
-      // fp32 read and 16-bit written on the threads, 6 bytes a parameter, 3 per 16-bit byte, then
-      // the 16-bit bytes staged to the GPU by one thread.
-      return host_copy_time_s(3.0 * r.bytes, r.bytes, 1.0, r.threads, hw.host.dram_bytes_per_s, coef);
+      // As step_time.h times DeepSpeed ZeRO-3's parameter copy after the step: the conversion on
+      // the threads, then the 16-bit bytes staged to the GPU by one thread.
+      return host_copy_time_s(host_convert_bytes(r.bytes / 2.0, 2.0), r.bytes, 1.0, r.threads,
+                              hw.host.dram_bytes_per_s, coef);
     case MicroBench::kCpuOptimizer:
       return cpu_optimizer_time_s(r.params, optimizer_traffic_bytes(r.optimizer, Precision::kBf16, true),
                                   optimizer_flops(r.optimizer), r.threads, hw.host.simd_fp32_lanes,

@@ -274,10 +274,8 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   // (predicted at its section's rates); FSDP2 has none.
   std::vector<MicroRecord> micro;
   if (engine != "fsdp2")
-    for (const MicroRecord& r : load_micro(files)) {
-      const bool staged = r.bench == MicroBench::kD2HStaged || r.bench == MicroBench::kH2DStaged;
-      if (engine == "stepcast" ? !staged : staged) micro.push_back(r);
-    }
+    for (const MicroRecord& r : load_micro(files))
+      if (is_staged_copy(r.bench) == (engine == "deepspeed")) micro.push_back(r);
   if (runs.empty() && micro.empty())
     throw InputError("--runs: no step runs of engine " + engine + " and no micro-benchmarks in the files given");
   const auto rows = predict_rows(runs, hw, holdout_frac, seed);

@@ -555,7 +555,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // copying thread stages to the GPU; with parameter offload the 16-bit partition is on
       // the host and the copy stays there. An fp32 run copies pinned memory over PCIe, or on
       // the host with parameter offload.
-      if (sixteen_bit || offload_par) f.host_convert_bytes_step = shard_params * (4.0 + wb);
+      if (sixteen_bit || offload_par) f.host_convert_bytes_step = host_convert_bytes(shard_params, wb);
       f.pageable_h2d_bytes_step = sixteen_bit && !offload_par ? shard_params * wb : 0.0;
       f.h2d_bytes_step = offload_par || sixteen_bit ? 0.0 : shard_params * wb;
     }

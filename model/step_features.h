@@ -215,6 +215,11 @@ double nf4_params(const ModelSpec& spec, const TrainConfig& config);
 // 64 values (0.5625 B per weight).
 double frozen_weight_bytes(const ModelSpec& spec, const TrainConfig& config);
 inline constexpr double kNf4BytesPerParam = 0.5 + 4.0 / 64.0;
+
+// Host bytes of converting fp32 partitions into 16-bit (or fp32) weights of `weight_bytes` a
+// parameter on the CPU: 4 bytes read and the weight written, per parameter (DeepSpeed ZeRO-3's
+// copy after its CPU step; step_time.h's host_copy_time_s times it).
+inline constexpr double host_convert_bytes(double params, double weight_bytes) { return params * (4.0 + weight_bytes); }
 // Model FLOPs per token (MFU's numerator): 6 N + 6 L d_attn s for full fine-tuning; with PEFT
 // the frozen weights have no weight gradient (4 N) and the adapters train in full (6 N_lora).
 double model_flops_per_token(const ModelSpec& spec, const TrainConfig& config);
