@@ -43,7 +43,7 @@ namespace {
 
 
 struct Flags {
-  std::string model, plan, data, save, resume, json_out, dump_params, hardware = "h200-sxm", device = "auto", data_dir;
+  std::string model, plan, data, save, resume, json_out, dump_params, hardware = "auto", device = "auto", data_dir;
   int stage = 0, nproc = 1;
   int emulate_nodes = 1;   // --nproc ranks as this many nodes on this host (launcher.h)
   int emulated_node = -1;  // set by the launcher for the ranks of an emulated node
@@ -189,7 +189,8 @@ void check_host_memory(const Flags& f, const CLI::App& app) {
   cfg.gpus_per_node = f.nproc;
   cfg.nodes = 1;
   validate_config(cfg);
-  const HardwareProfile hw = resolve_hardware(f.hardware, data_dir(f));
+  // The CPU runtime has no GPU to name a profile: the memory model's host part is the same in all.
+  const HardwareProfile hw = resolve_hardware(f.hardware == "auto" ? "h200-sxm" : f.hardware, data_dir(f));
   const MemoryEstimate<double> m = evaluate(spec, hw, cfg).memory;
   const double need = f.nproc * (m.gpu_total_bytes - m.gpu_workspace_bytes) + m.host_node_total_bytes;
   const double available = host_available_bytes();
@@ -267,8 +268,19 @@ int run_rank(const Flags& f, const CLI::App& app) {
   std::optional<Prediction> pred;
   std::optional<HardwareProfile> hw;
   if (rt->is_cuda()) {
-    hw = resolve_hardware(f.hardware, data_dir(f));
-    pred = evaluate(spec, *hw, cfg);
+    // auto: the profile whose [gpu] name is this device's; a GPU no profile describes gets no
+    // prediction rather than another GPU's.
+    std::optional<std::string> name = f.hardware;
+    if (f.hardware == "auto") {
+      name = hardware_for_device(rt->device_name(), data_dir(f));
+      if (!name && lead)
+        std::fprintf(stderr, "train: no profile in %s/hardware has [gpu] name = \"%s\": no prediction (--hardware NAME "
+                     "picks one)\n", data_dir(f).string().c_str(), rt->device_name().c_str());
+    }
+    if (name) {
+      hw = resolve_hardware(*name, data_dir(f));
+      pred = evaluate(spec, *hw, cfg);
+    }
   }
 
   std::unique_ptr<ZeroEngine> engine;
@@ -470,7 +482,8 @@ int main_impl(int argc, char** argv) {
   app.add_option("--resume", f.resume, "continue from a checkpoint folder");
   app.add_option("--json-out", f.json_out, "append one JSON object per step to this file");
   app.add_option("--dump-params", f.dump_params, "write all parameters (fp32) to this file at the end");
-  app.add_option("--hardware", f.hardware, "hardware profile for the prediction")->capture_default_str();
+  app.add_option("--hardware", f.hardware, "hardware profile for the prediction (auto: the profile whose [gpu] name "
+                 "is this GPU's)")->capture_default_str();
   app.add_option("--lr", f.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay")->capture_default_str();
   app.add_option("--seed", f.seed, "initialisation and data seed")->capture_default_str();

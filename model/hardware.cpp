@@ -493,6 +493,12 @@ std::vector<std::string> list_hardware(const fs::path& data_dir) {
   return out;
 }
 
+std::optional<std::string> hardware_for_device(const std::string& device_name, const fs::path& data_dir) {
+  for (const auto& name : list_hardware(data_dir))
+    if (load_hardware_profile(data_dir / "hardware" / (name + ".toml")).gpu.name == device_name) return name;
+  return std::nullopt;
+}
+
 void transfer_engine_sections(HardwareProfile& hw, const HardwareProfile& ref) {
   for (const auto& [engine, sec] : ref.engines) {
     if (hw.engines.count(engine)) continue;

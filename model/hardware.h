@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -299,6 +300,11 @@ HardwareProfile load_hardware_profile(const std::filesystem::path& path);
 
 // Names of the profiles in data_dir/hardware, sorted.
 std::vector<std::string> list_hardware(const std::filesystem::path& data_dir);
+
+// The catalog profile whose [gpu] name is the device name the CUDA driver reports (as
+// cudaGetDeviceProperties and nvidia-smi print it, e.g. "NVIDIA H100 80GB HBM3"), or none.
+std::optional<std::string> hardware_for_device(const std::string& device_name,
+                                               const std::filesystem::path& data_dir);
 
 // For each engine section of `ref` that `hw` lacks: the section's time coefficients (how the
 // engine's implementation schedules, overlaps and runs its CPU optimizer: behaviour of its

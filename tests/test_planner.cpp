@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "common/atomic_file.h"
@@ -410,4 +411,31 @@ TEST_CASE("complexity: each mechanism's weight, summed; the header's handicap ra
   c.activation_checkpointing = true;
   CHECK(complexity(c) == 2.0 + 1.0 + 0.5 + 0.5 + 0.5);
   CHECK(handicap_range_text() == "0.25-1 %");
+}
+
+TEST_CASE("hardware_for_device names the profile of the GPU the committed run records ran on") {
+  // Expected values from outside the code: each record's env.device is the name the CUDA driver
+  // reported on the lent machine, and the folder the record sits in is the profile it calibrates.
+  namespace fs = std::filesystem;
+  int checked = 0;
+  for (const auto& dir : fs::directory_iterator(test::data_dir() / "runs")) {
+    if (!dir.is_directory()) continue;
+    std::set<std::string> devices;
+    for (const auto& file : fs::directory_iterator(dir.path())) {
+      if (file.path().extension() != ".jsonl") continue;
+      std::ifstream in(file.path());
+      std::string line;
+      if (!std::getline(in, line)) continue;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("env") && j["env"].contains("device")) devices.insert(j["env"]["device"]);
+    }
+    for (const auto& device : devices) {
+      CAPTURE(device);
+      CHECK(hardware_for_device(device, test::data_dir()) == dir.path().filename().string());
+      ++checked;
+    }
+  }
+  CHECK(checked >= 2);  // the H200 and the H100 folders
+  CHECK_FALSE(hardware_for_device("cpu", test::data_dir()).has_value());
+  CHECK_FALSE(hardware_for_device("NVIDIA H100", test::data_dir()).has_value());  // names match whole
 }
