@@ -72,6 +72,10 @@ if [[ -x "$CALIBRATE" ]] && "$CALIBRATE" fit --help >/dev/null 2>&1; then
 fi
 
 if [[ -x "$TRAIN" ]]; then
+  # oneDNN picks its kernels by the CPU's newest instruction set (bf16 and AMX paths round
+  # differently), so the trained weights' bytes depend on the host: the recordings hold the
+  # AVX-512 core kernels, which every AVX-512 host runs when capped there.
+  export DNNL_MAX_CPU_ISA=AVX512_CORE
   for spec in "s0:--stage 0" "s3off:--stage 3 --offload-optimizer cpu --offload-params cpu --optimizer adamw8bit" \
               "s2pipe:--stage 2 --offload-optimizer cpu --offload-pipeline full --gas 2"; do
     name=train_${spec%%:*}
