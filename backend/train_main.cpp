@@ -324,7 +324,8 @@ int run_rank(const Flags& f, const CLI::App& app) {
                 offload_name(cfg.offload_optimizer), offload_name(cfg.offload_params), precision_name(cfg.precision),
                 static_cast<long long>(cfg.micro_batch), static_cast<long long>(cfg.gas), rv.world,
                 static_cast<long long>(cfg.seq_len), cfg.activation_checkpointing ? ", checkpointing" : "");
-    std::printf("data: %s; collectives: %s\n", tokens.description().c_str(), comm->name().c_str());
+    std::printf("data: %s; collectives: %s; prediction: %s\n", tokens.description().c_str(), comm->name().c_str(),
+                hw ? (hw->name + " profile").c_str() : "none");
     std::printf("%5s %9s %9s %9s %9s %10s %6s %9s %9s %9s\n", "step", "loss", "step", "GAS", "OPT", "tokens/s", "MFU",
                 "pred step", "pred tok/s", "peak mem");
     std::printf("%5s %9s %9s %9s %9s %10s %6s %9s %9s %9s\n", "", "", "s", "s", "s", "", "%", "s", "", "GiB");
