@@ -16,6 +16,8 @@ import os
 import statistics
 import sys
 
+from run_records import records
+
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 args = [a for a in sys.argv[1:] if a != "--json"]
 as_json = "--json" in sys.argv[1:]
@@ -34,16 +36,11 @@ def timings(folder):
         print(f"attention_ratio_by_seq: no .jsonl files in {folder}", file=sys.stderr)
         sys.exit(2)
     for path in files:
-        with open(path) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line of a killed run
-                if r.get("kind") != "micro" or r.get("bench") not in ("attention", "attention_bwd"):
-                    continue
-                key = (r["bench"],) + tuple(r.get(k) for k in SHAPE)
-                out.setdefault(key, []).append(r["seconds"])
+        for r in records(path):
+            if r.get("kind") != "micro" or r.get("bench") not in ("attention", "attention_bwd"):
+                continue
+            key = (r["bench"],) + tuple(r.get(k) for k in SHAPE)
+            out.setdefault(key, []).append(r["seconds"])
     return out
 
 
