@@ -30,6 +30,10 @@ TEST_CASE("catalog parameter counts equal the Hugging Face implementations") {
   CHECK(model("qwen2.5-7b").total_params() == 7'615'616'512);   // Qwen2.5 report: 7.61B, 6.53B non-embedding
   CHECK(model("qwen2.5-14b").total_params() == 14'770'033'664); // 14.7B
   CHECK(model("qwen2.5-32b").total_params() == 32'763'876'352); // 32.5B non-embedding 31.0B
+  // llama-3.2-3b ("3.21B"), by hand: tied embedding 128256 x 3072 = 394,002,432; a layer q, o
+  // 2 x 3072^2 + k, v 2 x 3072 x 1024 (8 of 24 heads) + 3 x 3072 x 8192 + 2 norms x 3072
+  // = 100,669,440, x 28 = 2,818,744,320; + final norm 3,072.
+  CHECK(model("llama-3.2-3b").total_params() == 3'212'749'824);
 }
 
 TEST_CASE("hand derivation: llama-2-7b") {
