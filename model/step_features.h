@@ -101,6 +101,10 @@ struct StepFeatures {
   // the driver stages and the issuing thread waits for (serial, nothing hides them), at
   // pageable_bytes_per_s (HostSpec).
   double pageable_bytes_micro = 0, pageable_bytes_boundary = 0, pageable_bytes_per_s = 0;
+  // Gradient sums taken on the host by the thread that issues the backward (FSDP2's CPU offload
+  // reducing every micro-batch): bytes read and written per non-boundary micro-batch and on the
+  // last one, on the rank's CPU threads; serial like the pageable copies they follow.
+  double host_accum_bytes_micro = 0, host_accum_bytes_boundary = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;
   double opt_pipelined = 1;         // offload: 1 pipelined over units during the backward, 0 serial after it

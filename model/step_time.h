@@ -296,6 +296,11 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T pageable_micro_s = T(f.pageable_bytes_micro > 0.0 ? f.pageable_bytes_micro / f.pageable_bytes_per_s : 0.0);
   const T pageable_boundary_s =
       T(f.pageable_bytes_boundary > 0.0 ? f.pageable_bytes_boundary / f.pageable_bytes_per_s : 0.0);
+  // Gradient sums on the host after such a copy, on the rank's CPU threads: serial as well.
+  const T host_accum_micro_s = host_copy_time_s(f.host_accum_bytes_micro, 0.0, f.ranks_per_node, f.cpu_cores_node,
+                                                f.dram_bytes_per_s, coef);
+  const T host_accum_boundary_s = host_copy_time_s(f.host_accum_bytes_boundary, 0.0, f.ranks_per_node,
+                                                   f.cpu_cores_node, f.dram_bytes_per_s, coef);
 
   // Overlap: gradient reduction and copies to the host run on their own
   // streams during backward; gathers and uploads are prefetched during compute.
@@ -358,9 +363,10 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s + hooks_boundary_s) -
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s);
   const T micro_s =
-      compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro + pageable_micro_s;
+      compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro + pageable_micro_s +
+      host_accum_micro_s;
   const T boundary_micro_s = compute_s + gather_exposed + hooks_exposed + hooks_boundary_exposed + rs_exposed_boundary +
-                             d2h_exposed_boundary + staged_s + pageable_boundary_s;
+                             d2h_exposed_boundary + staged_s + pageable_boundary_s + host_accum_boundary_s;
 
   // --- optimizer step --------------------------------------------------------
   // All ranks of a host run their CPU optimizer at once and share its cores and DRAM.
@@ -418,7 +424,8 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.forward_gather_s = g * (gather_gpu_exposed * f.fetch_fwd_frac + fwd_hook_exposed);
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
-  const T pageable_s = (g - 1.0) * pageable_micro_s + pageable_boundary_s;
+  const T pageable_s =
+      (g - 1.0) * (pageable_micro_s + host_accum_micro_s) + pageable_boundary_s + host_accum_boundary_s;
   out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + staged_s + pageable_s +
                          (pipelined ? tail_s - optimizer_exposed : upload_s + host_copy_s);
   out.offload_transfer_total_s =
