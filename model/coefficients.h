@@ -44,7 +44,7 @@ enum Coef : int {
   kOffloadOverlapFrac,       // share of backward time that can hide gradient copies to the host
   kCpuOptOverlapFrac,        // share of the last backward that hides the pipelined CPU optimizer
   kFwdUploadOverlapFrac,     // share of the next forward that hides the rest (offload pipeline "full")
-  kStagedCopyBytesPerS,      // device-to-host copy into another dtype through torch's pageable temporaries
+  kStagedCopyBytesPerS,      // blocking device-to-host copy into a new pageable host tensor (torch's temporaries)
   kHostCopyBytesPerSPerThread,  // host memory copied (or converted) by one CPU thread: torch's CPU copy_, pageable staging
   // --- optimizer ------------------------------------------------------------
   kGpuOptBwEffFrac,          // GPU optimizer: achieved fraction of HBM bandwidth

@@ -591,25 +591,20 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     if (c.grad_sync_each_micro && c.gas > 1) {
       // Reducing every micro-batch (foreach_reduce in torch/distributed/fsdp/_fully_shard/
       // _fsdp_collectives.py): a reduced shard goes down without blocking, into pinned memory, only
-      // while its parameter has no gradient, i.e. on the first micro-batch. From the second on the
-      // copy blocks the backward's thread, into a new pageable tensor, and the thread then adds it
-      // into the host gradient (read 4 + 4 B, write 4 B a parameter): for each of those micro-batches
-      // the GPU waits for the copy and the sum. Of the GAS - 1 micro-batches before the last, the
-      // first copies pinned and the other GAS - 2 sum; the last sums.
+      // while its parameter has no gradient, i.e. on the first micro-batch. From the second on,
+      // `.to("cpu")` copies it blocking into a new pageable tensor, whose pages fault on first
+      // touch as the staged copies' temporaries do (docs/engines.md, session 50), and the thread
+      // then adds it into the host gradient (read 4 + 4 B, write 4 B a parameter): for each of
+      // those micro-batches the GPU waits for the copy and the sum. Of the GAS - 1 micro-batches
+      // before the last, the first copies pinned and the other GAS - 2 sum; the last sums.
       const double g = static_cast<double>(c.gas);
       const double summing = (g - 2.0) / (g - 1.0);
       f.grad_host_bytes_micro = shard_params * 4.0 / (g - 1.0);
-      f.pageable_bytes_micro = shard_params * 4.0 * summing;
+      f.staged_d2h_bytes_micro = shard_params * 4.0 * summing;
       f.host_accum_bytes_micro = shard_params * 12.0 * summing;
       f.d2h_bytes_boundary = 0.0;
-      f.pageable_bytes_boundary = shard_params * 4.0;
+      f.staged_d2h_bytes_boundary = shard_params * 4.0;
       f.host_accum_bytes_boundary = shard_params * 12.0;
-      f.pageable_bytes_per_s = hw.host.pageable_bytes_per_s;
-      if (!(f.pageable_bytes_per_s > 0.0))
-        throw InputError("hardware profile '" + hw.name +
-                         "': host.pageable_bytes_per_s is not given, so FSDP2's blocking gradient copies to the "
-                         "host (CPU offload reducing every micro-batch) cannot be timed (microbench --suite offload "
-                         "measures it)");
     }
   }
   f.h2d_bytes_per_s = hw.host.h2d_bytes_per_s;

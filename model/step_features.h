@@ -92,6 +92,7 @@ struct StepFeatures {
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
   double grad_host_bytes_micro = 0; // gradients to and from the host on each non-boundary micro-batch (DeepSpeed)
   double staged_d2h_bytes_boundary = 0; // 16-bit gradient bytes copied into fp32 host buffers through pageable temporaries
+  double staged_d2h_bytes_micro = 0;    // per non-boundary micro-batch: bytes copied blocking into new pageable host tensors
   // After the optimizer step, per rank: host bytes read and written by a CPU copy_ on the rank's
   // threads, and bytes staged from pageable host memory to the GPU by one thread (DeepSpeed ZeRO-3).
   double host_convert_bytes_step = 0, pageable_h2d_bytes_step = 0;
@@ -103,7 +104,7 @@ struct StepFeatures {
   double pageable_bytes_micro = 0, pageable_bytes_boundary = 0, pageable_bytes_per_s = 0;
   // Gradient sums taken on the host by the thread that issues the backward (FSDP2's CPU offload
   // reducing every micro-batch): bytes read and written per non-boundary micro-batch and on the
-  // last one, on the rank's CPU threads; serial like the pageable copies they follow.
+  // last one, on the rank's CPU threads; serial like the blocking copies they follow.
   double host_accum_bytes_micro = 0, host_accum_bytes_boundary = 0;
   // --- optimizer -----------------------------------------------------------
   double opt_on_cpu = 0;

@@ -291,6 +291,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   const T grad_host_micro_s = pcie_copy_time_s(f.grad_host_bytes_micro, f.d2h_bytes_per_s, coef);
   // A blocking copy staged through pageable host memory: serial, not hidden.
   const T staged_s = f.staged_d2h_bytes_boundary / coef[kStagedCopyBytesPerS];
+  const T staged_micro_s = f.staged_d2h_bytes_micro / coef[kStagedCopyBytesPerS];
   // Copies between the GPU and unpinned host buffers (DeepSpeed's "pin_memory": false): the
   // issuing thread waits for each, so they add to the micro-batch they belong to.
   const T pageable_micro_s = T(f.pageable_bytes_micro > 0.0 ? f.pageable_bytes_micro / f.pageable_bytes_per_s : 0.0);
@@ -364,7 +365,7 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s);
   const T micro_s =
       compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro + pageable_micro_s +
-      host_accum_micro_s;
+      staged_micro_s + host_accum_micro_s;
   const T boundary_micro_s = compute_s + gather_exposed + hooks_exposed + hooks_boundary_exposed + rs_exposed_boundary +
                              d2h_exposed_boundary + staged_s + pageable_boundary_s + host_accum_boundary_s;
 
@@ -424,12 +425,12 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.forward_gather_s = g * (gather_gpu_exposed * f.fetch_fwd_frac + fwd_hook_exposed);
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
-  const T pageable_s =
-      (g - 1.0) * (pageable_micro_s + host_accum_micro_s) + pageable_boundary_s + host_accum_boundary_s;
-  out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + staged_s + pageable_s +
+  const T blocking_s = (g - 1.0) * (pageable_micro_s + staged_micro_s + host_accum_micro_s) + pageable_boundary_s +
+                       host_accum_boundary_s;
+  out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + staged_s + blocking_s +
                          (pipelined ? tail_s - optimizer_exposed : upload_s + host_copy_s);
   out.offload_transfer_total_s =
-      (g - 1.0) * grad_host_micro_s + d2h_boundary_s + staged_s + pageable_s + upload_s + host_copy_s;
+      (g - 1.0) * grad_host_micro_s + d2h_boundary_s + staged_s + blocking_s + upload_s + host_copy_s;
   out.optimizer_s = optimizer_exposed;
   out.optimizer_total_s = optimizer_s;
   out.gas_s = (g - 1.0) * micro_s;
