@@ -667,6 +667,10 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
   // DeepSpeed ZeRO-3 with optimizer offload keeps its gradient partitions in a host buffer
   // (runtime/zero/stage3.py, grad_partitions_flat_buffer on the offload device) and sums them there.
   if (offload_opt && stage == 3 && c.engine == Engine::kDeepSpeed) mem.gpu_grads_bytes = 0.0;
+  // FSDP2 with CPUOffloadPolicy sends each reduced shard to the host, where the sharded gradient
+  // lives and sums (foreach_reduce in torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py):
+  // no shard stays on the GPU (what it accumulates without sync is counted below).
+  if (offload_opt && c.engine == Engine::kFsdp2) mem.gpu_grads_bytes = 0.0;
   // DeepSpeed keeps 16-bit runs' gradients in fp32 for the update, on the GPU without offload. At
   // stage 0 its BF16_Optimizer holds a flat fp32 gradient buffer the size of the whole model
   // through the backward and the step (bf16_optimizer.py: zeros_like(bf16_groups_flat)); at stages
