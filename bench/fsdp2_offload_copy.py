@@ -9,7 +9,8 @@ sizes a 3B model's parameters have, each way a GPU tensor can reach the host, an
   reused   host.copy_(t)                    into a pageable tensor touched before
   pinned   pinned.copy_(t)                  into pinned memory
   sum      acc += host                      the host sum (read 4 + 4 B, write 4 B a value)
-Medians of REPEATS; rates in GB/s of fp32 bytes, the sum's in GB/s of the tensor's bytes.
+Medians of REPEATS; rates in GB/s of fp32 bytes, the sum's in GB/s of the tensor's bytes; each
+also as a ratio to the pinned copy of the same size, measured in the same run (the reference).
   python3 bench/fsdp2_offload_copy.py [--json]
 """
 import json
@@ -52,10 +53,14 @@ def main(as_json):
             "pinned_gb_per_s": b / timed(lambda: pinned.copy_(t)) / 1e9,
             "sum_gb_per_s": b / timed(lambda: acc.add_(host)) / 1e9,
         }
+        for way in ("fresh", "reused", "sum"):
+            row[f"{way}_over_pinned"] = row[f"{way}_gb_per_s"] / row["pinned_gb_per_s"]
         rows.append(row)
         if not as_json:
-            print(f"{mib:5d} MiB  fresh {row['fresh_gb_per_s']:6.2f}  reused {row['reused_gb_per_s']:6.2f}  "
-                  f"pinned {row['pinned_gb_per_s']:6.2f}  sum {row['sum_gb_per_s']:6.2f} GB/s", flush=True)
+            print(f"{mib:5d} MiB  pinned {row['pinned_gb_per_s']:6.2f} GB/s (reference)  "
+                  f"fresh {row['fresh_gb_per_s']:6.2f} ({row['fresh_over_pinned']:.3f}x)  "
+                  f"reused {row['reused_gb_per_s']:6.2f} ({row['reused_over_pinned']:.3f}x)  "
+                  f"sum {row['sum_gb_per_s']:6.2f} ({row['sum_over_pinned']:.3f}x)", flush=True)
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "threads": torch.get_num_threads()}
     if as_json:
         print(json.dumps({"env": env, "rows": rows}))

@@ -593,7 +593,7 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // _fsdp_collectives.py): a reduced shard goes down without blocking, into pinned memory, only
       // while its parameter has no gradient, i.e. on the first micro-batch. From the second on,
       // `.to("cpu")` copies it blocking into a new pageable tensor, whose pages fault on first
-      // touch as the staged copies' temporaries do (docs/engines.md, session 50), and the thread
+      // touch as the staged copies' temporaries do (a staged copy here), and the thread
       // then adds it into the host gradient (read 4 + 4 B, write 4 B a parameter): for each of
       // those micro-batches the GPU waits for the copy and the sum. Of the GAS - 1 micro-batches
       // before the last, the first copies pinned and the other GAS - 2 sum; the last sums.

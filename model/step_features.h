@@ -91,8 +91,10 @@ struct StepFeatures {
   double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
   double grad_host_bytes_micro = 0; // gradients to and from the host on each non-boundary micro-batch (DeepSpeed)
-  double staged_d2h_bytes_boundary = 0; // 16-bit gradient bytes copied into fp32 host buffers through pageable temporaries
-  double staged_d2h_bytes_micro = 0;    // per non-boundary micro-batch: bytes copied blocking into new pageable host tensors
+  // Bytes copied blocking from the GPU into new pageable host tensors (torch's temporaries: DeepSpeed
+  // ZeRO-3's 16-bit gradients into fp32 host buffers, FSDP2's offloaded fp32 shards), on the last
+  // micro-batch and per non-boundary one.
+  double staged_d2h_bytes_boundary = 0, staged_d2h_bytes_micro = 0;
   // After the optimizer step, per rank: host bytes read and written by a CPU copy_ on the rank's
   // threads, and bytes staged from pageable host memory to the GPU by one thread (DeepSpeed ZeRO-3).
   double host_convert_bytes_step = 0, pageable_h2d_bytes_step = 0;

@@ -302,6 +302,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
                                                 f.dram_bytes_per_s, coef);
   const T host_accum_boundary_s = host_copy_time_s(f.host_accum_bytes_boundary, 0.0, f.ranks_per_node,
                                                    f.cpu_cores_node, f.dram_bytes_per_s, coef);
+  // What the issuing thread waits for on a non-boundary micro-batch and on the last one.
+  const T serial_micro_s = pageable_micro_s + staged_micro_s + host_accum_micro_s;
+  const T serial_boundary_s = staged_s + pageable_boundary_s + host_accum_boundary_s;
 
   // Overlap: gradient reduction and copies to the host run on their own
   // streams during backward; gathers and uploads are prefetched during compute.
@@ -364,10 +367,9 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s + hooks_boundary_s) -
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s);
   const T micro_s =
-      compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro + pageable_micro_s +
-      staged_micro_s + host_accum_micro_s;
+      compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro + serial_micro_s;
   const T boundary_micro_s = compute_s + gather_exposed + hooks_exposed + hooks_boundary_exposed + rs_exposed_boundary +
-                             d2h_exposed_boundary + staged_s + pageable_boundary_s + host_accum_boundary_s;
+                             d2h_exposed_boundary + serial_boundary_s;
 
   // --- optimizer step --------------------------------------------------------
   // All ranks of a host run their CPU optimizer at once and share its cores and DRAM.
@@ -425,12 +427,11 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.forward_gather_s = g * (gather_gpu_exposed * f.fetch_fwd_frac + fwd_hook_exposed);
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
-  const T blocking_s = (g - 1.0) * (pageable_micro_s + staged_micro_s + host_accum_micro_s) + pageable_boundary_s +
-                       host_accum_boundary_s;
-  out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + staged_s + blocking_s +
+  const T blocking_s = (g - 1.0) * serial_micro_s + serial_boundary_s;
+  out.offload_transfer_s = (g - 1.0) * grad_host_exposed_micro + d2h_exposed_boundary + blocking_s +
                          (pipelined ? tail_s - optimizer_exposed : upload_s + host_copy_s);
   out.offload_transfer_total_s =
-      (g - 1.0) * grad_host_micro_s + d2h_boundary_s + staged_s + blocking_s + upload_s + host_copy_s;
+      (g - 1.0) * grad_host_micro_s + d2h_boundary_s + blocking_s + upload_s + host_copy_s;
   out.optimizer_s = optimizer_exposed;
   out.optimizer_total_s = optimizer_s;
   out.gas_s = (g - 1.0) * micro_s;
