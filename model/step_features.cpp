@@ -150,6 +150,28 @@ double pinned_host_bytes(double bytes) {
   return bytes <= 0.0 ? 0.0 : std::exp2(std::ceil(std::log2(bytes)));
 }
 
+// glibc's malloc maps a request at or above its mmap threshold to fresh pages, which fault on first
+// touch; the threshold rises with the sizes freed up to DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on
+// 64-bit targets (malloc/malloc.c), so a smaller request reuses the heap once one its size has
+// been freed. Measured on one H100 host, fp32 GPU tensors copied with .to("cpu"): 11.1-11.4 GB/s
+// at 16 and 25 MiB, 1.13-1.21 GB/s from 48 MiB to 1 GiB, 2 % of a pinned copy
+// (bench/fsdp2_offload_copy.py, data/bench/h100-sxm/2026-12-07_fsdp2_offload_copy.json).
+constexpr double kFreshPagesMinBytes = 32.0 * 1024.0 * 1024.0;
+
+// Elements of the model's parameters, as Hugging Face registers them (q, k, v, gate and up apart;
+// embeddings), whose tensor cut into `parts` makes pieces smaller than `min_bytes` at
+// `bytes_per_param`: the norms and biases, and the projections and embeddings by size.
+double elems_in_pieces_below(const ModelSpec& spec, double bytes_per_param, double parts, double min_bytes) {
+  double large = 0.0;
+  const auto count = [&](double numel) { return numel / parts * bytes_per_param >= min_bytes ? numel : 0.0; };
+  for (const LayerProjection& p : layer_projections(spec))
+    for (int64_t rows : p.part_rows) large += count(static_cast<double>(rows) * static_cast<double>(p.in));
+  large *= static_cast<double>(spec.num_layers);
+  large += count(static_cast<double>(spec.vocab_size) * static_cast<double>(spec.embed_dim())) *
+           (spec.tied_embeddings ? 1.0 : 2.0);
+  return static_cast<double>(spec.total_params()) - large;
+}
+
 // Bytes pinned for one host tensor of `bytes_per_param` per parameter for every weight of the
 // model as Hugging Face registers it (q, k, v, gate and up apart: the parts of the layer's
 // projections; embeddings), each tensor cut into `parts` equal partitions (ceil(numel / parts)
@@ -597,13 +619,26 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
       // then adds it into the host gradient (read 4 + 4 B, write 4 B a parameter): for each of
       // those micro-batches the GPU waits for the copy and the sum. Of the GAS - 1 micro-batches
       // before the last, the first copies pinned and the other GAS - 2 sum; the last sums.
+      // Each parameter's shard is its own tensor: below glibc's mmap threshold its destination
+      // reuses heap pages and the copy runs at the pageable rate (PEFT's adapters all do).
       const double g = static_cast<double>(c.gas);
       const double summing = (g - 2.0) / (g - 1.0);
+      const double reused_frac =
+          peft ? 1.0 : elems_in_pieces_below(spec, 4.0, n, kFreshPagesMinBytes) / static_cast<double>(spec.total_params());
+      const double fresh = shard_params * 4.0 * (1.0 - reused_frac), reused = shard_params * 4.0 * reused_frac;
       f.grad_host_bytes_micro = shard_params * 4.0 / (g - 1.0);
-      f.staged_d2h_bytes_micro = shard_params * 4.0 * summing;
+      f.staged_d2h_bytes_micro = fresh * summing;
+      f.pageable_bytes_micro = reused * summing;
       f.host_accum_bytes_micro = shard_params * 12.0 * summing;
       f.d2h_bytes_boundary = 0.0;
-      f.staged_d2h_bytes_boundary = shard_params * 4.0;
+      f.staged_d2h_bytes_boundary = fresh;
+      f.pageable_bytes_boundary = reused;
+      f.pageable_bytes_per_s = hw.host.pageable_bytes_per_s;
+      if (!(f.pageable_bytes_per_s > 0.0)) {  // the profile does not give the rate: time them as fresh pages
+        f.staged_d2h_bytes_micro += f.pageable_bytes_micro;
+        f.staged_d2h_bytes_boundary += f.pageable_bytes_boundary;
+        f.pageable_bytes_micro = f.pageable_bytes_boundary = 0.0;
+      }
       f.host_accum_bytes_boundary = shard_params * 12.0;
     }
   }

@@ -1139,12 +1139,17 @@ TEST_CASE("FSDP2's CPU offload reducing every micro-batch: blocking copies and h
   c.grad_sync_each_micro = true;
   const StepFeatures f = make_features(m, hw, c).step;
   CHECK(test::close(f.grad_host_bytes_micro, P * 4.0 / 3.0, 1e-12));
-  CHECK(test::close(f.staged_d2h_bytes_micro, P * 8.0 / 3.0, 1e-12));
+  CHECK(test::close(f.staged_d2h_bytes_micro + f.pageable_bytes_micro, P * 8.0 / 3.0, 1e-12));
   CHECK(test::close(f.host_accum_bytes_micro, P * 24.0 / 3.0, 1e-12));
   CHECK(f.d2h_bytes_boundary == 0.0);
-  CHECK(test::close(f.staged_d2h_bytes_boundary, P * 4.0, 1e-12));
+  CHECK(test::close(f.staged_d2h_bytes_boundary + f.pageable_bytes_boundary, P * 4.0, 1e-12));
   CHECK(test::close(f.host_accum_bytes_boundary, P * 12.0, 1e-12));
-  CHECK(f.pageable_bytes_micro + f.pageable_bytes_boundary == 0.0);
+  // Every llama-2-7b weight's fp32 half is 32 MiB or more (q, k, v and o: 4096 x 4096 / 2 x 4 B =
+  // 32 MiB exactly), so only its norms (2 x 4096 a layer and the final 4096) copy into reused heap
+  // pages, at the pageable rate.
+  const double norms = 32.0 * 2.0 * 4096.0 + 4096.0;
+  CHECK(test::close(f.pageable_bytes_micro, norms / 2.0 * 8.0 / 3.0, 1e-9));
+  CHECK(test::close(f.pageable_bytes_boundary, norms / 2.0 * 4.0, 1e-9));
   // Reducing once, on the last micro-batch, or with GAS 1: the one copy is pinned and overlapped.
   TrainConfig last = offload(Engine::kFsdp2, 3, 4);
   TrainConfig one = offload(Engine::kFsdp2, 3, 1);
@@ -1162,12 +1167,43 @@ TEST_CASE("FSDP2's CPU offload reducing every micro-batch: blocking copies and h
   const double* k = coefs.data();
   StepFeatures no_sums = f;
   no_sums.staged_d2h_bytes_micro = no_sums.staged_d2h_bytes_boundary = 0.0;
+  no_sums.pageable_bytes_micro = no_sums.pageable_bytes_boundary = 0.0;
   no_sums.host_accum_bytes_micro = no_sums.host_accum_bytes_boundary = 0.0;
   const double stream_bps = host_stream_bytes_per_s(f.dram_bytes_per_s, f.cpu_cores_node,
                                                     k[kHostCopyBytesPerSPerThread], k);
-  const double serial_s = 12.0 * P / k[kStagedCopyBytesPerS] + 36.0 * P * f.ranks_per_node / stream_bps;
+  const double reused = 3.0 * norms / 2.0 * 4.0;  // the norms' bytes of the three blocking copies
+  const double serial_s = (12.0 * P - reused) / k[kStagedCopyBytesPerS] + reused / hw.host.pageable_bytes_per_s +
+                          36.0 * P * f.ranks_per_node / stream_bps;
   CHECK(predict_step_time(f, k).step_s ==
         doctest::Approx(predict_step_time(no_sums, k).step_s + serial_s).epsilon(1e-9));
+}
+
+TEST_CASE("FSDP2's blocking copies: shards below glibc's 32 MiB mmap threshold reuse heap pages (hand count)") {
+  // pythia-2.8b on one GPU, GAS 3, reducing each micro-batch. Its fp32 tensors as Hugging Face
+  // holds them: query_key_value 7680 x 2560 (78.6 MB), dense_h_to_4h and dense_4h_to_h
+  // 10240 x 2560 (104.9 MB), embed_in and embed_out 50304 x 2560 (515 MB) at or above 32 MiB;
+  // the attention's dense 2560 x 2560 (26.2 MB), the biases and the layer norms below it:
+  // 2 775 208 960 - 32 x (19 660 800 + 2 x 26 214 400) - 2 x 128 778 240 = 210 785 280 elements.
+  const ModelSpec m = model("pythia-2.8b");
+  const HardwareProfile hw = hardware("h100-sxm");
+  REQUIRE(m.total_params() == 2775208960);
+  TrainConfig c = offload(Engine::kFsdp2, 3, 3);
+  c.gpus_per_node = 1;
+  c.grad_sync_each_micro = true;
+  const StepFeatures f = make_features(m, hw, c).step;
+  const double P = 2775208960.0, small = 210785280.0;
+  // One summing micro-batch of the two before the last (half on average), and the last.
+  CHECK(test::close(f.pageable_bytes_micro, small * 4.0 / 2.0, 1e-12));
+  CHECK(test::close(f.staged_d2h_bytes_micro, (P - small) * 4.0 / 2.0, 1e-12));
+  CHECK(test::close(f.pageable_bytes_boundary, small * 4.0, 1e-12));
+  CHECK(test::close(f.staged_d2h_bytes_boundary, (P - small) * 4.0, 1e-12));
+  CHECK(f.pageable_bytes_per_s == hw.host.pageable_bytes_per_s);
+  // Without the profile's pageable rate every blocking copy is timed as fresh pages.
+  HardwareProfile no_rate = hw;
+  no_rate.host.pageable_bytes_per_s = 0.0;
+  const StepFeatures g = make_features(m, no_rate, c).step;
+  CHECK(g.pageable_bytes_micro + g.pageable_bytes_boundary == 0.0);
+  CHECK(test::close(g.staged_d2h_bytes_boundary, P * 4.0, 1e-12));
 }
 
 TEST_CASE("unpinned offload buffers: DeepSpeed's setting only, timed only where the profile gives the rate") {
