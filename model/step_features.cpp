@@ -158,17 +158,24 @@ double pinned_host_bytes(double bytes) {
 // (bench/fsdp2_offload_copy.py, data/bench/h100-sxm/2026-12-07_fsdp2_offload_copy.json).
 constexpr double kFreshPagesMinBytes = 32.0 * 1024.0 * 1024.0;
 
-// Elements of the model's parameters, as Hugging Face registers them (q, k, v, gate and up apart;
-// embeddings), whose tensor cut into `parts` makes pieces smaller than `min_bytes` at
-// `bytes_per_param`: the norms and biases, and the projections and embeddings by size.
+// Calls visit(numel, copies) for each weight matrix of the model as Hugging Face registers it
+// (q, k, v, gate and up apart: the parts of the layer's projections, once per layer; the
+// embedding, and the head when untied). Norms and biases are not visited.
+template <class Visit>
+void for_each_weight_matrix(const ModelSpec& spec, Visit visit) {
+  const double layers = static_cast<double>(spec.num_layers);
+  for (const LayerProjection& p : layer_projections(spec))
+    for (int64_t rows : p.part_rows) visit(static_cast<double>(rows) * static_cast<double>(p.in), layers);
+  visit(static_cast<double>(spec.vocab_size) * static_cast<double>(spec.embed_dim()), spec.tied_embeddings ? 1.0 : 2.0);
+}
+
+// Elements of the model's parameters whose tensor cut into `parts` makes pieces smaller than
+// `min_bytes` at `bytes_per_param`: the norms and biases, and the weight matrices by size.
 double elems_in_pieces_below(const ModelSpec& spec, double bytes_per_param, double parts, double min_bytes) {
   double large = 0.0;
-  const auto count = [&](double numel) { return numel / parts * bytes_per_param >= min_bytes ? numel : 0.0; };
-  for (const LayerProjection& p : layer_projections(spec))
-    for (int64_t rows : p.part_rows) large += count(static_cast<double>(rows) * static_cast<double>(p.in));
-  large *= static_cast<double>(spec.num_layers);
-  large += count(static_cast<double>(spec.vocab_size) * static_cast<double>(spec.embed_dim())) *
-           (spec.tied_embeddings ? 1.0 : 2.0);
+  for_each_weight_matrix(spec, [&](double numel, double copies) {
+    if (numel / parts * bytes_per_param >= min_bytes) large += numel * copies;
+  });
   return static_cast<double>(spec.total_params()) - large;
 }
 
@@ -177,12 +184,11 @@ double elems_in_pieces_below(const ModelSpec& spec, double bytes_per_param, doub
 // projections; embeddings), each tensor cut into `parts` equal partitions (ceil(numel / parts)
 // elements, DeepSpeed's padded partition) and each partition rounded up by the allocator on its own.
 double pinned_per_tensor_bytes(const ModelSpec& spec, double bytes_per_param, double parts = 1.0) {
-  const auto one = [&](double numel) { return pinned_host_bytes(std::ceil(numel / parts) * bytes_per_param); };
-  double per_layer = 0.0;
-  for (const LayerProjection& p : layer_projections(spec))
-    for (int64_t rows : p.part_rows) per_layer += one(static_cast<double>(rows) * static_cast<double>(p.in));
-  const double embed = one(static_cast<double>(spec.vocab_size) * static_cast<double>(spec.embed_dim()));
-  return per_layer * static_cast<double>(spec.num_layers) + embed * (spec.tied_embeddings ? 1.0 : 2.0);
+  double bytes = 0.0;
+  for_each_weight_matrix(spec, [&](double numel, double copies) {
+    bytes += copies * pinned_host_bytes(std::ceil(numel / parts) * bytes_per_param);
+  });
+  return bytes;
 }
 
 // Bytes pinned by our backend for one host buffer per parameter unit (backend/engine/layout.cpp:
