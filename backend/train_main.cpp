@@ -395,7 +395,7 @@ int run_rank(const Flags& f, const CLI::App& app) {
       j["allocator"] = {{"alloc_retries_total", rt->alloc_retries()}};
       if (ticks_before && ticks_after) {
         const CpuShare share = cpu_share(*ticks_before, *ticks_after);
-        j["host_cpu"] = {{"steal_frac", share.steal_frac}, {"busy_frac", share.busy_frac}};
+        j["host_cpu"] = {{"steal_frac", share.steal_frac}, {"busy_frac", share.busy_frac}, {"ticks", share.ticks}};
       }
       if (pred) {
         j["predicted"] = {{"hardware", hw->name}, {"calibrated", hw->coefs_calibrated},

@@ -48,16 +48,20 @@ inline std::optional<CpuTicks> read_proc_stat() {
 }
 
 // Between two samples: the share of all CPUs' ticks stolen by the hypervisor, and the share busy
-// (neither idle, iowait nor stolen). Both 0 when no tick passed.
+// (neither idle, iowait nor stolen), over the ticks that passed on all CPUs together. The kernel
+// counts a tick (USER_HZ, 100 a second on Linux) to whatever ran when it fell, so a sample shorter
+// than a few ticks says little: a step of a few milliseconds may see no tick, or only idle ones.
+// Both shares are 0 when no tick passed.
 struct CpuShare {
   double steal_frac = 0, busy_frac = 0;
+  double ticks = 0;  // all CPUs' ticks between the samples
 };
 inline CpuShare cpu_share(const CpuTicks& before, const CpuTicks& after) {
   const double total = after.total() - before.total();
   if (!(total > 0)) return {};
   const double steal = after.steal() - before.steal();
   const double idle = after.idle() - before.idle();
-  return {steal / total, (total - idle - steal) / total};
+  return {steal / total, (total - idle - steal) / total, total};
 }
 
 // The mean of /proc/cpuinfo's "cpu MHz" lines (the clock each CPU reports now), 0 when none.

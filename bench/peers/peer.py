@@ -65,10 +65,10 @@ def cpu_share(before, after):
         return None
     total = sum(after) - sum(before)
     if total <= 0:
-        return {"steal_frac": 0.0, "busy_frac": 0.0}
+        return {"steal_frac": 0.0, "busy_frac": 0.0, "ticks": 0.0}
     steal = after[7] - before[7]
     idle = (after[3] + after[4]) - (before[3] + before[4])
-    return {"steal_frac": steal / total, "busy_frac": (total - idle - steal) / total}
+    return {"steal_frac": steal / total, "busy_frac": (total - idle - steal) / total, "ticks": total}
 
 
 def host_op_us():
