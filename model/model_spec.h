@@ -43,6 +43,14 @@ struct ModelSpec {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
 
+  // A sequence longer than config.json's max_position_embeddings, for a model whose positions
+  // stop there: rotary embeddings trained to that length, or a learned table of that many rows.
+  // (ALiBi and other unbounded schemes are not flagged.)
+  bool beyond_trained_context(int64_t seq) const {
+    return max_position_embeddings > 0 && seq > max_position_embeddings &&
+           (rotary_dim > 0 || learned_position_embeddings > 0);
+  }
+
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   int64_t embed_dim() const { return word_embed_proj_dim > 0 ? word_embed_proj_dim : hidden_size; }

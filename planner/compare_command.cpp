@@ -28,7 +28,9 @@ std::string hours_text(double s) { return fmt("%.1f", s / 3600.0); }
 
 int run_compare(CompareOptions& co) {
   CommonOptions& o = co.common;
-  if (o.train_tokens <= 0) throw InputError("--train-tokens is required (tokens of the whole fine-tune, e.g. 1e9)");
+  if (o.train_tokens == 0) throw InputError("--train-tokens is required (tokens of the whole fine-tune, e.g. 1e9)");
+  if (o.train_tokens < 0)
+    throw InputError("--train-tokens " + std::to_string(o.train_tokens) + " must be positive (tokens of the whole fine-tune, e.g. 1e9)");
   check_range("--train-tokens", o.train_tokens, 1, 1e16, false);
   if (co.max_gpus < 1 || co.max_gpus > 4096)
     throw InputError("--max-gpus " + std::to_string(co.max_gpus) + " is out of range [1, 4096]");

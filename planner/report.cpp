@@ -148,6 +148,10 @@ nlohmann::json plan_to_json(const Prediction& p, const ReportContext& ctx) {
   j["extrapolated_dimensions"] = ctx.hardware && ctx.model
                                      ? extrapolated_dimensions(*ctx.hardware, ctx.model->name, c)
                                      : std::vector<std::string>{};
+  // A sequence longer than the model was trained on (config.json's max_position_embeddings):
+  // the step's cost is the same, but a rotary model needs its positions scaled (rope_scaling)
+  // to learn at that length; nothing of the plan changes with it.
+  j["beyond_trained_context"] = ctx.model && ctx.model->beyond_trained_context(c.seq_len);
   if (!p.fits) j["reason"] = p.reason;
   // The founding report's split is undefined with GAS = 1: null, not 0.
   nlohmann::json gas_time = c.gas > 1 ? nlohmann::json(t.gas_s) : nlohmann::json(nullptr);
@@ -308,6 +312,12 @@ std::string context_line(const Prediction& any, const ReportContext& ctx) {
       << " x " << ctx.hardware->name << " (" << ctx.hardware->gpu.name << ", "
       << format_gib(any.gpu_memory_limit_bytes) << " GiB), seq " << c.seq_len << ", "
       << precision_name(c.precision) << "\n";
+  if (ctx.model->beyond_trained_context(c.seq_len))
+    out << "note: seq " << c.seq_len << " is beyond " << ctx.model->name << "'s trained context (max_position_embeddings "
+        << ctx.model->max_position_embeddings << "): the time and memory below hold, but "
+        << (ctx.model->rotary_dim > 0 ? "its rotary positions need scaling (rope_scaling) for the model to learn at that length"
+                                      : "its learned position table needs that many rows, which the job must add")
+        << "\n";
   const HardwareProfile& hw = *ctx.hardware;
   if (hw.coefs_calibrated) {
     std::string src = hw.coefs_source.substr(0, hw.coefs_source.find(';'));

@@ -440,5 +440,16 @@ expect_error "bad --speed factor" '--speed "gpu=0": the factor must be a number 
 expect_error "bad --speed text" '--speed "gpu=fast"' recommend --model 2.8b --speed gpu=fast
 expect_error "validate --speed" "validate measures this machine" validate --model 2.8b --speed gpu=0.5
 
+# A sequence beyond the model's trained context (llama-2-7b's config.json: max_position_embeddings
+# 4096, rotary): one note line and a JSON flag, not an error; at 4096 neither. MPT-7B (learned
+# table of 2048 rows) is flagged too.
+"$PLANNER" explain --model 7b --gpus 2 --seq 8192 --checkpointing on >"$TMP/ctx.txt" 2>&1
+grep -q "^note: seq 8192 is beyond llama-2-7b's trained context (max_position_embeddings 4096).*rope_scaling" "$TMP/ctx.txt" && ok || bad "trained context note: $(head -3 "$TMP/ctx.txt")"
+"$PLANNER" explain --model 7b --gpus 2 --seq 4096 --checkpointing on | grep -q "trained context" && bad "trained context note at 4096" || ok
+"$PLANNER" explain --model 7b --gpus 2 --seq 8192 --checkpointing on --json | python3 -c "import json,sys; assert json.load(sys.stdin)['plans'][0]['beyond_trained_context'] is True" && ok || bad "trained context JSON at 8192"
+"$PLANNER" explain --model 7b --gpus 2 --seq 4096 --checkpointing on --json | python3 -c "import json,sys; assert json.load(sys.stdin)['plans'][0]['beyond_trained_context'] is False" && ok || bad "trained context JSON at 4096"
+"$PLANNER" explain --model mpt-7b --gpus 8 --seq 4096 --stage 3 --checkpointing on | grep -q "learned position table" && ok || bad "trained context note, learned table"
+expect_error "negative train tokens" "--train-tokens -5.* must be positive" compare --model 7b --train-tokens -5
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
