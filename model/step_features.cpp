@@ -614,6 +614,15 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     // accumulate unsharded on the GPU without sync and the last micro-batch's fp32 reduced
     // shard goes down; the fused CPU AdamW updates the host shard in place (nothing goes up).
     f.param_h2d_bytes_micro = 2.0 * shard_params * 4.0;
+    // On one rank fully_shard skips the all-gather: each unit's unshard copies its host shard to
+    // the GPU with a blocking copy_ on the compute stream (FSDPParamGroup.wait_for_unshard, the
+    // world-size-1 path of torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py since
+    // pytorch/pytorch#160135, 2025-08; moved onto the copy-in stream only by #178861/#178862,
+    // 2026-03, for torchtitan#2749, after torch 2.11). The uploads then add to the pass instead of
+    // hiding under the layers: measured on one H100 (torch 2.11), llama-3.2-3b at 16 x 1024
+    // checkpointed, forward and backward each 0.23-0.30 s longer than predicted against 0.23 s for
+    // a pass of its fp32 shards at 55 GB/s (data/runs/h100-sxm/2026-12-07_session53_fsdp2_offload_1gpu.jsonl).
+    if (n == 1.0) f.param_h2d_blocking = 1.0;
     f.d2h_bytes_boundary = shard_params * 4.0;
     f.h2d_bytes_step = 0.0;
     if (c.grad_sync_each_micro && c.gas > 1) {

@@ -90,6 +90,7 @@ struct StepFeatures {
   double d2h_bytes_boundary = 0;    // gradient shard to the host, last micro-batch only
   double h2d_bytes_step = 0;        // updated parameters back to the GPU after the step
   double param_h2d_bytes_micro = 0; // stage-3 parameter offload: uploads per micro-batch
+  double param_h2d_blocking = 0;    // 1 when those uploads block the compute stream (FSDP2 on one rank)
   double grad_host_bytes_micro = 0; // gradients to and from the host on each non-boundary micro-batch (DeepSpeed)
   // Bytes copied blocking from the GPU into new pageable host tensors (torch's temporaries: DeepSpeed
   // ZeRO-3's 16-bit gradients into fp32 host buffers, FSDP2's offloaded fp32 shards), on the last

@@ -339,7 +339,11 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     bwd_fetch_exposed = bwd_exposed * fetch_bwd_host_s / hook_host_s;
     hooks_exposed = bwd_exposed * hooks_s / hook_host_s;
   }
-  const T gather_gpu_exposed = max0(gather_s + param_up_s - gather_window);
+  // Uploads that block the compute stream (param_h2d_blocking) add in full; the rest hide with the
+  // gathers behind the compute window.
+  const T blocking_up_s = T(f.param_h2d_blocking > 0.0 ? f.param_h2d_bytes_micro / f.h2d_bytes_per_s : 0.0);
+  const T hidden_up_s = f.param_h2d_blocking > 0.0 ? T(0.0) : param_up_s;
+  const T gather_gpu_exposed = max0(gather_s + hidden_up_s - gather_window) + blocking_up_s;
   const T gather_exposed = gather_gpu_exposed + fwd_hook_exposed + bwd_fetch_exposed;
   T rs_exposed_micro = max0(rs_micro_s - grad_window);
   T rs_exposed_boundary = max0(rs_micro_s + rs_boundary_s - grad_window);

@@ -99,6 +99,33 @@ TEST_CASE("FSDP2 CPU offload uploads the fp32 shard in forward and backward, not
   CHECK(f.grad_host_bytes_micro == 0.0);
 }
 
+TEST_CASE("FSDP2 CPU offload on one rank: each unit's upload blocks the compute stream and adds in full (hand count)") {
+  // torch 2.11's world-size-1 unshard copies the host shard with a blocking copy_ on the compute
+  // stream (model/step_features.cpp), so no window hides it: per micro-batch the forward's and
+  // the backward's uploads, 2 x 4 B x 6,738,415,616 parameters, at the link's pinned rate
+  // (55 GB/s): 0.980 s, GAS 4 times a step; the fitted PCIe efficiency and overlap play no part.
+  const ModelSpec m = model("llama-2-7b");
+  const HardwareProfile hw = hardware("h200-sxm");
+  TrainConfig one = offload(Engine::kFsdp2, 3, 4);
+  one.gpus_per_node = 1;
+  const StepFeatures f1 = make_features(m, hw, one).step;
+  CHECK(f1.param_h2d_blocking == 1.0);
+  CHECK(make_features(m, hw, offload(Engine::kFsdp2, 3, 4)).step.param_h2d_blocking == 0.0);  // two ranks gather
+  CHECK(make_features(m, hw, offload(Engine::kDeepSpeed, 3, 4)).step.param_h2d_blocking == 0.0);
+  const double per_micro_s = 2.0 * 4.0 * 6738415616.0 / 55e9;
+  CHECK(per_micro_s == doctest::Approx(0.980).epsilon(1e-3));
+  CoefVector k = for_engine(hw, "fsdp2").coefs;
+  const StepTime<double> t = predict_step_time(f1, k.data());
+  CHECK(test::close(t.param_gather_s, 4.0 * per_micro_s, 1e-9));
+  k[kPcieEffFrac] *= 0.5;
+  k[kGatherOverlapFrac] = 1.0;
+  CHECK(test::close(predict_step_time(f1, k.data()).param_gather_s, 4.0 * per_micro_s, 1e-9));
+  // On two ranks the uploads hide behind the gather window as before (less than they would add).
+  const StepFeatures f2 = make_features(m, hw, offload(Engine::kFsdp2, 3, 4)).step;
+  const CoefVector k2 = for_engine(hw, "fsdp2").coefs;
+  CHECK(predict_step_time(f2, k2.data()).param_gather_s < 4.0 * f2.param_h2d_bytes_micro / 55e9);
+}
+
 TEST_CASE("DeepSpeed ZeRO-3 fetches every module with parameters, a third time with checkpointing (hand count)") {
   // llama-2-7b's modules with parameters, as transformers registers them: q, k, v, o, gate, up,
   // down and two RMSNorms per layer (9 x 32), the embedding, the final norm and the untied
