@@ -617,11 +617,13 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     // On one rank fully_shard skips the all-gather: each unit's unshard copies its host shard to
     // the GPU with a blocking copy_ on the compute stream (FSDPParamGroup.wait_for_unshard, the
     // world-size-1 path of torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py since
-    // pytorch/pytorch#160135, 2025-08; moved onto the copy-in stream only by #178861/#178862,
-    // 2026-03, for torchtitan#2749, after torch 2.11). The uploads then add to the pass instead of
-    // hiding under the layers: measured on one H100 (torch 2.11), llama-3.2-3b at 16 x 1024
-    // checkpointed, forward and backward each 0.23-0.30 s longer than predicted against 0.23 s for
-    // a pass of its fp32 shards at 55 GB/s (data/runs/h100-sxm/2026-12-07_session53_fsdp2_offload_1gpu.jsonl).
+    // pytorch/pytorch#160135, 2025-08; moved onto the copy-in stream by #178861/#178862 from
+    // 2026-03-31, for torchtitan#2749; torch 2.11 runs behave as the blocking form). The uploads
+    // then add to the pass instead of hiding under the layers, at the link's pinned rate (a bare
+    // copy of a whole pinned tensor): measured on one H100 (torch 2.11), llama-3.2-3b at 16 x 1024
+    // checkpointed, forward and backward each 0.23-0.30 s longer than the overlapped form
+    // predicted, against 0.23 s for a pass of its fp32 shards at 55 GB/s
+    // (data/runs/h100-sxm/2026-12-07_session53_fsdp2_offload_1gpu.jsonl; docs/engines.md, session 54).
     if (n == 1.0) f.param_h2d_blocking = 1.0;
     f.d2h_bytes_boundary = shard_params * 4.0;
     f.h2d_bytes_step = 0.0;
