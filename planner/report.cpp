@@ -377,7 +377,16 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
   out << "throughput: " << fmt("%.0f", p.throughput.tokens_per_s) << " tokens/s, "
       << fmt("%.3f", p.throughput.world_samples_per_s) << " world samples/s, "
       << fmt("%.3f", p.throughput.rank_samples_per_s) << " rank samples/s, MFU "
-      << fmt("%.1f", 100.0 * p.throughput.mfu) << " %\n\n";
+      << fmt("%.1f", 100.0 * p.throughput.mfu) << " %\n";
+  // FSDP2 with parameter offload on one rank uploads each unit's parameters with a blocking copy
+  // (model/step_features.cpp, param_h2d_blocking): say what it costs and what avoids it.
+  const TrainConfig& c = p.config;
+  if (c.engine == Engine::kFsdp2 && c.offload_params == OffloadDevice::kCpu && c.world_size() == 1)
+    out << "note: FSDP2 on one GPU uploads each layer's parameters with a blocking copy (torch's one-rank "
+           "path, pytorch/pytorch#160135), "
+        << fmt("%.3f", p.time.param_gather_s) << " s of this step; on two or more GPUs, or a torch with "
+           "pytorch/pytorch#178861, they overlap the layers\n";
+  out << "\n";
 
   out << "Memory\n";
   Table mt({"where", "item", "size"}, {"", "", "GiB"});

@@ -451,5 +451,10 @@ grep -q "^note: seq 8192 is beyond llama-2-7b's trained context (max_position_em
 "$PLANNER" explain --model mpt-7b --gpus 8 --seq 4096 --stage 3 --checkpointing on | grep -q "learned position table" && ok || bad "trained context note, learned table"
 expect_error "negative train tokens" "--train-tokens -5.* must be positive" compare --model 7b --train-tokens -5
 
+# FSDP2 with parameter offload on one GPU: the blocking uploads are named with their seconds; on
+# two GPUs they are not.
+"$PLANNER" explain --model 2.8b --gpus 1 --engine fsdp2 --stage 3 --offload-optimizer cpu --offload-params cpu --micro-batch 4 --hardware h100-sxm | grep -Eq "^note: FSDP2 on one GPU uploads each layer's parameters with a blocking copy .* [0-9]+\.[0-9]{3} s of this step" && ok || bad "FSDP2 one-GPU blocking uploads note"
+"$PLANNER" explain --model 2.8b --gpus 2 --engine fsdp2 --stage 3 --offload-optimizer cpu --offload-params cpu --micro-batch 4 | grep -q "blocking copy" && bad "blocking uploads note on two GPUs" || ok
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
