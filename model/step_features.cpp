@@ -230,6 +230,10 @@ std::array<Projection, 4> projections(const ModelSpec& m, const TrainConfig& c) 
 
 }  // namespace
 
+bool fsdp2_uploads_block(const TrainConfig& c) {
+  return c.engine == Engine::kFsdp2 && c.offload_optimizer == OffloadDevice::kCpu && c.world_size() == 1;
+}
+
 double lora_params(const ModelSpec& spec, const TrainConfig& c) {
   if (!c.peft_enabled()) return 0.0;
   double per_layer = 0.0;
@@ -619,12 +623,12 @@ Features make_features(const ModelSpec& spec, const HardwareProfile& hw, const T
     // world-size-1 path of torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py since
     // pytorch/pytorch#160135, 2025-08; moved onto the copy-in stream by #178861/#178862 from
     // 2026-03-31, for torchtitan#2749; torch 2.11 runs behave as the blocking form). The uploads
-    // then add to the pass instead of hiding under the layers, at the link's pinned rate (a bare
-    // copy of a whole pinned tensor): measured on one H100 (torch 2.11), llama-3.2-3b at 16 x 1024
-    // checkpointed, forward and backward each 0.23-0.30 s longer than the overlapped form
-    // predicted, against 0.23 s for a pass of its fp32 shards at 55 GB/s
-    // (data/runs/h100-sxm/2026-12-07_session53_fsdp2_offload_1gpu.jsonl; docs/engines.md, session 54).
-    if (n == 1.0) f.param_h2d_blocking = 1.0;
+    // add to the pass instead of hiding under the layers, at the link's pinned rate (a bare copy of
+    // a whole pinned tensor): on one H100 (torch 2.11), llama-3.2-3b at 16 x 1024 checkpointed
+    // carries about one pass of its fp32 shards (0.23 s at 55 GB/s) in its forward and again in
+    // its backward (data/runs/h100-sxm/2026-12-07_session53_fsdp2_offload_1gpu.jsonl;
+    // docs/engines.md, "FSDP2's offloaded uploads block the compute stream on one rank").
+    if (fsdp2_uploads_block(c)) f.param_h2d_blocking = 1.0;
     f.d2h_bytes_boundary = shard_params * 4.0;
     f.h2d_bytes_step = 0.0;
     if (c.grad_sync_each_micro && c.gas > 1) {

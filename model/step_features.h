@@ -193,6 +193,10 @@ double deepspeed_gpu_step_bytes(int zero_stage, Precision precision);
 // the configuration turns them off (TrainConfig::split_master; backend/cpu_adamw.h).
 bool splits_master(OptimizerKind opt, Precision precision, bool on_cpu, bool split_master = true);
 
+// FSDP2 with CPU offload on a shard group of one rank: fully_shard uploads each unit's host shard
+// with a blocking copy on the compute stream (StepFeatures::param_h2d_blocking, model/step_features.cpp).
+bool fsdp2_uploads_block(const TrainConfig& c);
+
 // Arithmetic of one update per parameter (FLOPs).
 double optimizer_flops(OptimizerKind opt);
 

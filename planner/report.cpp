@@ -380,8 +380,7 @@ std::string breakdown_text(const Prediction& p, const ReportContext& ctx) {
       << fmt("%.1f", 100.0 * p.throughput.mfu) << " %\n";
   // FSDP2 with parameter offload on one rank uploads each unit's parameters with a blocking copy
   // (model/step_features.cpp, param_h2d_blocking): say what it costs and what avoids it.
-  const TrainConfig& c = p.config;
-  if (c.engine == Engine::kFsdp2 && c.offload_params == OffloadDevice::kCpu && c.world_size() == 1)
+  if (fsdp2_uploads_block(p.config))
     out << "note: FSDP2 on one GPU uploads each layer's parameters with a blocking copy (torch's one-rank "
            "path, pytorch/pytorch#160135), "
         << fmt("%.3f", p.time.param_gather_s) << " s of this step; on two or more GPUs, or a torch with "

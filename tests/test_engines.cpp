@@ -120,7 +120,7 @@ TEST_CASE("FSDP2 CPU offload on one rank: each unit's upload blocks the compute 
   k[kPcieEffFrac] *= 0.5;
   k[kGatherOverlapFrac] = 1.0;
   CHECK(test::close(predict_step_time(f1, k.data()).param_gather_s, 4.0 * per_micro_s, 1e-9));
-  // On two ranks the uploads hide behind the gather window as before (less than they would add).
+  // On two ranks the uploads hide behind the gather window (less than they would add in full).
   const StepFeatures f2 = make_features(m, hw, offload(Engine::kFsdp2, 3, 4)).step;
   const CoefVector k2 = for_engine(hw, "fsdp2").coefs;
   CHECK(predict_step_time(f2, k2.data()).param_gather_s < 4.0 * f2.param_h2d_bytes_micro / 55e9);
