@@ -37,7 +37,10 @@ expect_error "offload at stage 0" "needs --stage 1, 2 or 3" explain --model 6b -
 expect_error "bad precision" "precision" explain --model 6b --precision fp8
 expect_error "bad optimizer list" "adamw9" recommend --model 6b --optimizers adamw,adamw9
 expect_error "negative memory" "--gpu-mem-gib -3" recommend --model 6b --gpu-mem-gib -3
-expect_error "global batch" "not a multiple" recommend --model 6b --gpus 3
+expect_error "global batch" "--global-batch 64 is not a multiple of the 3" recommend --model 6b --gpus 3 --global-batch 64
+# Left at its default the global batch is 64 rounded up to a multiple of the ranks: 3 x 2 = 6 ranks, 66.
+"$PLANNER" recommend --model 6b --gpus 3 --nodes 2 --top 1 --json >"$TMP/gb.json" 2>/dev/null &&
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['request']['global_batch']; p=d['plans'][0]['config']; assert r==66 and p['micro_batch']*p['gas']*6==66, (r, p['micro_batch'], p['gas'])" "$TMP/gb.json" && ok || bad "default global batch rounded up to the ranks"
 expect_error "unknown flag" "error" recommend --model 6b --frobnicate
 expect_error "non-number" "error" recommend --model 6b --gpus two
 
