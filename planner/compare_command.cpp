@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <numeric>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -50,6 +52,9 @@ int run_compare(CompareOptions& co) {
 
   std::vector<CompareRow> rows;
   std::vector<std::string> notes;
+  // GPU counts the fixed global batch cannot spread over (the same whole number of sequences on
+  // every rank): left out, and said once.
+  std::set<int64_t> undivided_worlds;
   for (const std::string& kind : kinds) {
     const HardwareProfile hw = resolve_hardware(kind, dir);
     // The offer that prices this kind: --price, else --provider's, else the profile's first.
@@ -75,7 +80,10 @@ int run_compare(CompareOptions& co) {
       continue;
     }
     for (const auto& [gpn, nodes] : gpu_layouts(hw.links.gpus_per_node_max, co.max_gpus)) {
-      if (co.global_batch % (static_cast<int64_t>(gpn) * nodes) != 0) continue;
+      if (co.global_batch % (static_cast<int64_t>(gpn) * nodes) != 0) {
+        undivided_worlds.insert(static_cast<int64_t>(gpn) * nodes);
+        continue;
+      }
       CommonOptions lo = o;
       lo.gpus = gpn;
       lo.nodes = nodes;
@@ -146,6 +154,15 @@ int run_compare(CompareOptions& co) {
       r.flags = flags;
       rows.push_back(std::move(r));
     }
+  }
+  if (!undivided_worlds.empty()) {
+    std::string counts;
+    for (int64_t w : undivided_worlds) counts += (counts.empty() ? "" : ", ") + std::to_string(w);
+    int64_t admitting = co.global_batch;  // the least global batch that divides over them all
+    for (int64_t w : undivided_worlds) admitting = std::lcm(admitting, w);
+    notes.push_back("left out " + counts + " GPUs: the global batch of " + std::to_string(co.global_batch) +
+                    " sequences does not divide over them (--global-batch " + std::to_string(admitting) +
+                    " admits them)");
   }
   if (rows.empty())
     throw InputError("no GPU kind and count up to --max-gpus " + std::to_string(co.max_gpus) + " fits " + model.name +

@@ -179,6 +179,12 @@ if "$PLANNER" compare --model 7b --train-tokens 1e9 --hardware a100-40gb-sxm --m
    grep -q "^! a100-40gb-sxm x2 is pod-limited: on the profile's server host (32 cores, 238.4 GiB) .* the lambda pod has 4 vCPUs and 48.0 GiB$" "$TMP/cmp" &&
    grep -q "^note: a100-40gb-sxm x1 is pod-limited: .*(nothing fits the pod)" "$TMP/cmp"; then ok; else bad "compare: small pod not flagged: $(cat "$TMP/cmp")"; fi
 # ... and the real Lambda pod (15.5 vCPUs, 225 GiB per GPU) is not.
+# compare: a GPU count the global batch does not divide over is left out, and said: 128 GPUs hold
+# 64 sequences no whole number to a rank; 128 is the least batch that admits them.
+"$PLANNER" compare --model 13b --train-tokens 1e9 --hardware h100-sxm --max-gpus 128 --json >"$TMP/cmp128.json" 2>/dev/null &&
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert any('left out 128 GPUs' in n and '--global-batch 128 admits' in n for n in d['notes']), d['notes']; assert max(r['gpus'] for r in d['rows'])==64" "$TMP/cmp128.json" && ok || bad "compare: 128 GPUs over 64 sequences not named"
+"$PLANNER" compare --model 13b --train-tokens 1e9 --hardware h100-sxm --max-gpus 128 --global-batch 128 --json 2>/dev/null |
+  python3 -c "import json,sys; d=json.load(sys.stdin); assert max(r['gpus'] for r in d['rows'])==128 and not any('left out' in n for n in d['notes']), d['notes']" && ok || bad "compare: --global-batch 128 does not admit 128 GPUs"
 "$PLANNER" compare --model 6b --train-tokens 1e9 --hardware a100-40gb-sxm --max-gpus 2 >"$TMP/cmp" 2>&1
 grep -q "pod-limited" "$TMP/cmp" && bad "compare: the real Lambda pod was flagged: $(cat "$TMP/cmp")" || ok
 
