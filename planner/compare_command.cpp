@@ -193,7 +193,9 @@ int run_compare(CompareOptions& co) {
     mr.cpu_threads_per_rank = o.cpu_threads_per_rank;
     mr.gpu_product = gpu_product_label(r.gpu_name);
     mr.hardware = r.hardware;
-    mr.steps = static_cast<int64_t>(std::ceil(o.train_tokens / (static_cast<double>(co.global_batch) * o.seq)));
+    // The plan's own global batch: --global-batch, or with 0 the micro-batch x GAS x ranks it chose.
+    mr.steps = static_cast<int64_t>(
+        std::ceil(o.train_tokens / (static_cast<double>(r.plan.config.global_batch()) * r.plan.config.seq_len)));
     size_pod(r.plan, r.pod_cores_per_gpu, mr);
     const HardwareProfile hw = resolve_hardware(r.hardware, dir);
     ReportContext ctx{&model, &hw, 0};
@@ -247,8 +249,10 @@ int run_compare(CompareOptions& co) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << model.name << ": " << fmt("%g", o.train_tokens) << " tokens, global batch " << co.global_batch
-            << " sequences of " << o.seq << ", engine " << co.engine << "; best plan per GPU kind and count (as recommend ranks)\n";
+  std::cout << model.name << ": " << fmt("%g", o.train_tokens) << " tokens, global batch "
+            << (co.global_batch > 0 ? std::to_string(co.global_batch) + " sequences of "
+                                    : std::string("free (GAS 1..32 at each count), sequences of "))
+            << o.seq << ", engine " << co.engine << "; best plan per GPU kind and count (as recommend ranks)\n";
   std::vector<std::vector<std::string>> table;
   table.push_back({"", "hardware", "provider", "$/GPU-h", "GPUs", "plan", "tokens/s", "wall h", "GPU-h", "cost $", "±95%", "basis"});
   for (const CompareRow& r : rows) {

@@ -348,7 +348,8 @@ int run_recommend(const CommonOptions& o, int64_t global_batch, const std::strin
   } else {
     const Prediction& any = res.ranked.empty() ? *res.smallest_memory : res.ranked.front();
     std::cout << context_line(any, ctx);
-    std::cout << "global batch " << global_batch << " sequences; " << res.evaluated
+    std::cout << "global batch " << (global_batch > 0 ? std::to_string(global_batch) + " sequences" : "free (GAS 1..32)")
+              << "; " << res.evaluated
               << " configurations evaluated, " << res.ranked.size() << " fit, " << res.dropped
               << " dropped (memory)\n\n";
     if (!res.ranked.empty()) {

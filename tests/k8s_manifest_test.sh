@@ -47,6 +47,13 @@ for role, spec in specs.items():
         assert c["command"] == ["torchrun"]
         assert "--nproc-per-node=%d" % row["gpus_per_node"] in c["args"]
         assert "--nnodes=%d" % nodes in c["args"]
+    if "--steps" in c["args"]:
+        # One pass over the training tokens at the plan's own global batch (with --global-batch 0
+        # the one its search chose), by hand: ceil(tokens / (micro-batch x GAS x ranks x sequence)).
+        cfg = row["config"]
+        want = -(-int(report["train_tokens"]) // (cfg["micro_batch"] * cfg["gas"] * cfg["world_size"] * cfg["seq_len"]))
+        got = int(c["args"][c["args"].index("--steps") + 1])
+        assert got == want, (got, want)
     mem_gi = int(c["resources"]["limits"]["memory"][:-2])
     shm_gi = int([v for v in pod["volumes"] if v["name"] == "dshm"][0]["emptyDir"]["sizeLimit"][:-2])
     assert mem_gi > shm_gi  # /dev/shm counts against the pod's memory
@@ -84,4 +91,6 @@ check nodes --model 70b --hardware h100-sxm --max-gpus 32 --train-tokens 1e9 --b
 check deepspeed --model 7b --hardware a100-80gb-sxm --engine deepspeed --train-tokens 1e8 --max-gpus 8
 # An FSDP2 plan: Accelerate launches the user's script with the FSDP2 YAML from the ConfigMap.
 check fsdp2 --model 7b --hardware a100-80gb-sxm --engine fsdp2 --train-tokens 1e8 --max-gpus 8
+# A free global batch (0): the steps come from the chosen plan's own micro-batch x GAS x ranks.
+check free_batch --model 7b --hardware a100-40gb-sxm --max-gpus 16 --global-batch 0 --train-tokens 1e9
 echo "k8s_manifest_test: all passed"
