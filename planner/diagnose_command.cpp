@@ -47,11 +47,15 @@ std::string rate_meaning(const char* what, double bytes_per_s, double speed, con
 std::string speed_meaning(Resource r, double speed, const Diagnosis& d, const HardwareProfile& hw) {
   char buf[200];
   switch (r) {
-    case Resource::kGpu:
-      std::snprintf(buf, sizeof buf, "%.0f TFLOP/s dense bf16, %.2f TB/s (profile %.0f, %.2f)",
-                    speed * hw.gpu.peak_bf16_flops_per_s / 1e12, speed * hw.gpu.memory_bytes_per_s / 1e12,
-                    hw.gpu.peak_bf16_flops_per_s / 1e12, hw.gpu.memory_bytes_per_s / 1e12);
+    case Resource::kGpu: {
+      // The dense peak of the precision the run computes in (an fp16 run: fp16's).
+      const Precision p = d.runs.front().predicted.config.precision;
+      const double peak = hw.gpu.peak_flops_per_s(p);
+      std::snprintf(buf, sizeof buf, "%.0f TFLOP/s dense %s, %.2f TB/s (profile %.0f, %.2f)", speed * peak / 1e12,
+                    precision_name(p), speed * hw.gpu.memory_bytes_per_s / 1e12, peak / 1e12,
+                    hw.gpu.memory_bytes_per_s / 1e12);
       break;
+    }
     case Resource::kCpuOptimizer:
       std::snprintf(buf, sizeof buf, "%.2f threads per rank of the profile's host (profile %.0f)",
                     speed * d.runs.front().cpu_threads_per_rank_profile, d.runs.front().cpu_threads_per_rank_profile);

@@ -356,7 +356,8 @@ assert d["single_resources"][0]["resources"][0]["resource"] == "cpu_optimizer", 
 assert not d["within_noise"] and d["machine_as_diagnosed"]["fitting"] > 0' "$TMP/diag.json" \
   && ok || bad "diagnose: founding report row $(cat "$TMP/err")"
 "$PLANNER" diagnose "${FOUNDING[@]}" --gas-s 51.642 --opt-s 25.455 >"$TMP/diag.txt" 2>&1 &&
-  grep -q "^One resource at a time" "$TMP/diag.txt" && grep -q "^explanation: CPU optimizer x" "$TMP/diag.txt" && ok ||
+  grep -q "^One resource at a time" "$TMP/diag.txt" && grep -q "^explanation: CPU optimizer x" "$TMP/diag.txt" &&
+  grep -q "^GPU (compute and memory) .* TFLOP/s dense fp16" "$TMP/diag.txt" && ok ||
   bad "diagnose: text output $(head -5 "$TMP/diag.txt")"
 threads_of() {  # RUNS KEY_PATTERN LO HI: the diagnosed CPU optimizer threads per rank lie in [LO, HI]
   if ! "$PLANNER" diagnose --run "$1" --json >"$TMP/t.json" 2>"$TMP/err"; then  # several: pick by pattern
