@@ -143,6 +143,7 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
     if (r.optimizer_total_s > 0) opt.push_back(std::abs(p.optimizer_s / r.optimizer_total_s - 1));
   }
   const nlohmann::json s = error_stats(step), m = error_stats(mem), h = error_stats(host);
+  const ProportionInterval coverage_ci = wilson_interval(inside, measurements);
   return {{"configurations", predictions.size()},
           {"step_time_mean_abs_pct_error", s["mean"]},
           {"step_time_p90_abs_pct_error", s["p90"]},
@@ -159,7 +160,14 @@ nlohmann::json cv_summary(const std::vector<CvPrediction>& predictions, const In
           {"host_memory_max_abs_error_bytes", host_max_bytes},
           {"phases_abs_pct_error", {{"forward", error_stats(fwd)}, {"backward", error_stats(bwd)}, {"optimizer", error_stats(opt)}}},
           {"coverage_95", measurements == 0 ? 0.0 : static_cast<double>(inside) / static_cast<double>(measurements)},
-          {"coverage_measurements", measurements}};
+          {"coverage_measurements", measurements},
+          // What so few measurements say of the interval's true coverage: the Wilson 95 % interval
+          // of inside / measurements, and whether it excludes the level (too narrow or too wide).
+          {"coverage_95_wilson_95", {coverage_ci.lo, coverage_ci.hi}},
+          {"coverage_95_verdict", measurements == 0     ? "none"
+                                  : coverage_ci.hi < 0.95 ? "below"
+                                  : coverage_ci.lo > 0.95 ? "above"
+                                                          : "consistent"}};
 }
 
 namespace {

@@ -346,22 +346,36 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   if (j.contains("cv")) {
     const nlohmann::json& cv = j["cv"];
     std::printf("\ncross-validated (each fold refitted without the runs it predicts):\n");
-    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s\n", "held out", "configs", "step mean", "step p90",
-                "step max", "mem mean", "mem max", "host mean", "host max", "cover 95");
-    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s\n", "", "", "%", "%", "%", "%", "%", "%", "%", "%");
+    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s %11s\n", "held out", "configs", "step mean", "step p90",
+                "step max", "mem mean", "mem max", "host mean", "host max", "cover 95", "its 95 %");
+    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s %11s\n", "", "", "%", "%", "%", "%", "%", "%", "%", "%",
+                "(Wilson) %");
     const auto line = [](const std::string& name, const nlohmann::json& s) {
-      std::printf("%-34s %7d %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f %9.2f %9.0f\n", name.c_str(),
+      const nlohmann::json& ci = s["coverage_95_wilson_95"];
+      const std::string verdict = s["coverage_95_verdict"].get<std::string>();
+      std::printf("%-34s %7d %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f %9.2f %9.0f %5.0f-%-5.0f%s\n", name.c_str(),
                   s["configurations"].get<int>(), s["step_time_mean_abs_pct_error"].get<double>(),
                   s["step_time_p90_abs_pct_error"].get<double>(), s["step_time_max_abs_pct_error"].get<double>(),
                   s["peak_memory_mean_abs_pct_error"].get<double>(), s["peak_memory_max_abs_pct_error"].get<double>(),
                   s["host_memory_mean_abs_pct_error"].get<double>(), s["host_memory_max_abs_pct_error"].get<double>(),
-                  100 * s["coverage_95"].get<double>());
+                  100 * s["coverage_95"].get<double>(), 100 * ci[0].get<double>(), 100 * ci[1].get<double>(),
+                  verdict == "below" ? " below 95" : verdict == "above" ? " above 95" : "");
     };
     line("each configuration (LOCO)", cv["loco"]);
     // The interval's two classes (Mondrian conformal): host issue time >= kLaunchBoundIssueRatio x GPU time, or not.
     line("  of them GPU-bound", cv["loco"]["gpu_bound"]);
     line("  of them launch-bound", cv["loco"]["launch_bound"]);
     for (const auto& g : cv["groups"]) line(g["name"].get<std::string>(), g);
+    // A group's coverage rests on its few measurements: below the level means its Wilson interval
+    // excludes 95 %, not only that the measured share is under it.
+    int below = 0, above = 0, groups = 0;
+    for (const auto& g : cv["groups"]) {
+      ++groups;
+      below += g["coverage_95_verdict"] == "below";
+      above += g["coverage_95_verdict"] == "above";
+    }
+    std::printf("groups whose coverage excludes 95 %% (Wilson 95 %% interval): %d of %d below, %d above\n", below, groups,
+                above);
     const nlohmann::json& lo = cv["loco"];
     if (lo["host_memory_configurations"].get<int>() > 0)
       std::printf("host memory (rank 0's high-water mark), each configuration left out: %d configurations, mean %.2f %%, "

@@ -70,4 +70,20 @@ inline double conformal_q95(std::vector<double> scores) {
   return scores[std::min(rank, scores.size()) - 1];
 }
 
+// The Wilson score interval of a binomial proportion (Wilson 1927, "Probable inference, the law
+// of succession, and statistical inference", JASA 22:209; Newcombe 1998, Stat. Med. 17:857, method
+// 3): the p whose normal test at z does not reject `successes` of `trials`. A measured coverage of
+// a few predictions carries it: 4 of 5 inside a 95 % interval is [0.376, 0.964] at z 1.96, which
+// holds 0.95. {0, 1} for no trials.
+struct ProportionInterval {
+  double lo = 0, hi = 1;
+};
+inline ProportionInterval wilson_interval(int successes, int trials, double z = 1.96) {
+  if (trials <= 0) return {};
+  const double n = trials, p = successes / n, z2 = z * z;
+  const double center = (p + z2 / (2 * n)) / (1 + z2 / n);
+  const double half = z / (1 + z2 / n) * std::sqrt(p * (1 - p) / n + z2 / (4 * n * n));
+  return {std::max(0.0, center - half), std::min(1.0, center + half)};
+}
+
 }  // namespace stepcast

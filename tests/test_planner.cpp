@@ -288,6 +288,37 @@ TEST_CASE("Kendall's tau-b by hand, and the plans validate --sample chooses") {
   CHECK(plans_to_validate(2, 3, 0, 1) == std::vector<size_t>{0, 1});
 }
 
+TEST_CASE("wilson_interval: the score interval of a binomial proportion, by hand") {
+  // 4 of 5 at z 1.96 (Wilson 1927): p = 0.8, z^2 / n = 0.76832; centre (0.8 + 0.38416) / 1.76832 =
+  // 0.669651; half-width 1.96 / 1.76832 x sqrt(0.16 / 5 + 3.8416 / 100) = 1.108396 x 0.265360 =
+  // 0.294124: [0.375527, 0.963775].
+  const ProportionInterval a = wilson_interval(4, 5);
+  CHECK(a.lo == doctest::Approx(0.375527).epsilon(1e-5));
+  CHECK(a.hi == doctest::Approx(0.963775).epsilon(1e-5));
+  // All inside: the lower end is n / (n + z^2), the upper 1 (Newcombe 1998, method 3).
+  const ProportionInterval b = wilson_interval(20, 20);
+  CHECK(b.lo == doctest::Approx(20.0 / (20.0 + 1.96 * 1.96)));
+  CHECK(b.hi == doctest::Approx(1.0));
+  // None inside: symmetric to all inside.
+  const ProportionInterval c = wilson_interval(0, 20);
+  CHECK(c.lo == doctest::Approx(0.0));
+  CHECK(c.hi == doctest::Approx(1.96 * 1.96 / (20.0 + 1.96 * 1.96)));
+  // It narrows with n around the same share, and holds the share.
+  const ProportionInterval d = wilson_interval(90, 100), e = wilson_interval(900, 1000);
+  CHECK(e.hi - e.lo < d.hi - d.lo);
+  CHECK(d.lo < 0.9);
+  CHECK(d.hi > 0.9);
+  // 90 of 100 excludes 95 %: centre 0.919208 / 1.038416 = 0.885193, half-width 1.887490 x
+  // sqrt(0.0009 + 0.00009604) = 0.059569, upper end 0.944762. 92 of 100 does not: centre
+  // 0.939208 / 1.038416 = 0.904462, half-width 1.887490 x sqrt(0.000736 + 0.00009604) = 0.054448,
+  // upper end 0.958910.
+  CHECK(d.hi == doctest::Approx(0.944762).epsilon(1e-5));
+  CHECK(wilson_interval(92, 100).hi == doctest::Approx(0.958910).epsilon(1e-5));
+  // No trials: no information.
+  CHECK(wilson_interval(0, 0).lo == 0.0);
+  CHECK(wilson_interval(0, 0).hi == 1.0);
+}
+
 TEST_CASE("the Accelerate FSDP2 config of a plan") {
   TrainConfig c;
   c.engine = Engine::kFsdp2;
