@@ -80,7 +80,7 @@ int run_compare(CompareOptions& co) {
       continue;
     }
     for (const auto& [gpn, nodes] : gpu_layouts(hw.links.gpus_per_node_max, co.max_gpus)) {
-      if (co.global_batch % (static_cast<int64_t>(gpn) * nodes) != 0) {
+      if (!batch_divides_ranks(co.global_batch, static_cast<int64_t>(gpn) * nodes)) {
         undivided_worlds.insert(static_cast<int64_t>(gpn) * nodes);
         continue;
       }

@@ -622,14 +622,11 @@ int main_impl(int argc, char** argv) {
   hardware->add_option("--data-dir", list_dir, "folder with models/ and hardware/");
 
   if (const auto status = parse_cli(app, argc, argv, "planner")) return *status;
-  // Left at its default, the global batch is 64 sequences rounded up to a multiple of the
-  // data-parallel ranks, so any --gpus and --nodes have plans (3 GPUs: 66); given, it must divide.
-  const auto default_batch_for = [](const CommonOptions& o, int64_t batch) {
-    const int64_t world = int64_t{o.gpus} * o.nodes;
-    return world >= 1 ? (batch + world - 1) / world * world : batch;
-  };
-  if (rec->count("--global-batch") == 0) global_batch = default_batch_for(rec_opts, global_batch);
-  if (val->count("--global-batch") == 0) val_global_batch = default_batch_for(val_opts, val_global_batch);
+  // A global batch left at its default fits the ranks; one the user gives must divide them.
+  if (rec->count("--global-batch") == 0)
+    global_batch = default_batch_for_ranks(global_batch, int64_t{rec_opts.gpus} * rec_opts.nodes);
+  if (val->count("--global-batch") == 0)
+    val_global_batch = default_batch_for_ranks(val_global_batch, int64_t{val_opts.gpus} * val_opts.nodes);
   if (rec->parsed()) return run_recommend(rec_opts, global_batch, optimizers, top_k, no_offload, engine, rec_pipeline);
   if (exp->parsed()) return run_explain(exp_opts, e);
   if (val->parsed()) return run_validate(val_opts, val_global_batch, val_optimizers, vo);

@@ -123,7 +123,7 @@ SearchResult search_plans(const SearchRequest& req) {
   if (world < 1) throw InputError("--gpus and --nodes must be at least 1");
   if (req.global_batch < 0)
     throw InputError("--global-batch " + std::to_string(req.global_batch) + " must not be negative");
-  if (req.global_batch > 0 && req.global_batch % world != 0)
+  if (!batch_divides_ranks(req.global_batch, world))
     throw InputError("--global-batch " + std::to_string(req.global_batch) +
                      " is not a multiple of the " + std::to_string(world) +
                      " data-parallel ranks (--gpus x --nodes)");

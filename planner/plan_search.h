@@ -12,6 +12,17 @@
 
 namespace stepcast {
 
+// The global batch rule: an optimizer step's sequences divide evenly over the data-parallel
+// ranks (each rank runs micro-batch x GAS of them); 0 (free) divides over any count.
+inline bool batch_divides_ranks(int64_t global_batch, int64_t world) {
+  return world >= 1 && global_batch % world == 0;
+}
+// A batch the user left at its default rounds up to the next multiple of the ranks, so any
+// --gpus and --nodes have plans (64 on 3 ranks: 66); a batch the user gives must divide.
+inline int64_t default_batch_for_ranks(int64_t default_batch, int64_t world) {
+  return world >= 1 ? (default_batch + world - 1) / world * world : default_batch;
+}
+
 struct SearchRequest {
   ModelSpec model;
   HardwareProfile hardware;

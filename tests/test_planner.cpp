@@ -81,6 +81,17 @@ TEST_CASE("an explicit global batch must divide over the ranks") {
   CHECK_NOTHROW(search_plans(r));
 }
 
+TEST_CASE("the global batch rule: a default rounds up to the ranks, free divides over any") {
+  // By hand: 64 over 3 ranks is 21.33, so the next multiple is 22 x 3 = 66; 64 over 8 stays 64.
+  CHECK(default_batch_for_ranks(64, 3) == 66);
+  CHECK(default_batch_for_ranks(64, 8) == 64);
+  CHECK(default_batch_for_ranks(64, 128) == 128);
+  CHECK(batch_divides_ranks(66, 3));
+  CHECK_FALSE(batch_divides_ranks(64, 3));
+  CHECK(batch_divides_ranks(0, 7));  // free: GAS from the list
+  CHECK_FALSE(batch_divides_ranks(64, 0));
+}
+
 TEST_CASE("70b on 1 GPU: nothing fits, and the planner says what would") {
   SearchRequest r = request("llama-2-70b", 1);
   SearchResult res = search_plans(r);
