@@ -346,14 +346,17 @@ int run_report(const std::vector<std::string>& run_files, const std::string& hw_
   if (j.contains("cv")) {
     const nlohmann::json& cv = j["cv"];
     std::printf("\ncross-validated (each fold refitted without the runs it predicts):\n");
-    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s %11s\n", "held out", "configs", "step mean", "step p90",
+    // The first column is as wide as the longest group's name (file= groups run past 34).
+    int name_w = 34;
+    for (const auto& g : cv["groups"]) name_w = std::max(name_w, static_cast<int>(g["name"].get<std::string>().size()));
+    std::printf("%-*s %7s %9s %9s %9s %9s %9s %9s %9s %9s %11s\n", name_w, "held out", "configs", "step mean", "step p90",
                 "step max", "mem mean", "mem max", "host mean", "host max", "cover 95", "its 95 %");
-    std::printf("%-34s %7s %9s %9s %9s %9s %9s %9s %9s %9s %11s\n", "", "", "%", "%", "%", "%", "%", "%", "%", "%",
+    std::printf("%-*s %7s %9s %9s %9s %9s %9s %9s %9s %9s %11s\n", name_w, "", "", "%", "%", "%", "%", "%", "%", "%", "%",
                 "(Wilson) %");
-    const auto line = [](const std::string& name, const nlohmann::json& s) {
+    const auto line = [name_w](const std::string& name, const nlohmann::json& s) {
       const nlohmann::json& ci = s["coverage_95_wilson_95"];
       const std::string verdict = s["coverage_95_verdict"].get<std::string>();
-      std::printf("%-34s %7d %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f %9.2f %9.0f %5.0f-%-5.0f%s\n", name.c_str(),
+      std::printf("%-*s %7d %9.1f %9.1f %9.1f %9.2f %9.2f %9.2f %9.2f %9.0f %5.0f-%-5.0f%s\n", name_w, name.c_str(),
                   s["configurations"].get<int>(), s["step_time_mean_abs_pct_error"].get<double>(),
                   s["step_time_p90_abs_pct_error"].get<double>(), s["step_time_max_abs_pct_error"].get<double>(),
                   s["peak_memory_mean_abs_pct_error"].get<double>(), s["peak_memory_max_abs_pct_error"].get<double>(),
