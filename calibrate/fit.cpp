@@ -127,7 +127,7 @@ std::vector<Coef> default_free_coefs() {
           kActBytesMult,   kGpuWorkspaceBytes,   kGpuFragFrac,          kCkptReserveMult,
           kCollLatencyS,   kCpuOptOverlapFrac,
           kCpuLaneFlopsPerS, kHostLayerFwdS,     kHostLayerBwdS,       kLossExtraBytesPerLogit, kLossReserveBytesPerLogit,
-          kHostBytesPerRank, kGradHookOverheadS, kParamFetchOverheadS};
+          kHostBytesPerRank, kGradHookOverheadS, kParamFetchOverheadS, kCommInterferenceFrac};
 }
 
 namespace {

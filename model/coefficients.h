@@ -39,6 +39,7 @@ enum Coef : int {
   kRsAgBusEffMult,           // reduce-scatter and all-gather bus bandwidth relative to all-reduce
   kGradCommOverlapFrac,      // share of backward time that can hide gradient reduction
   kGatherOverlapFrac,        // share of compute time that can hide stage-3 gathers and param upload
+  kCommInterferenceFrac,     // compute time a hidden collective still adds, per second of it (NCCL's SMs and HBM traffic)
   // --- offload --------------------------------------------------------------
   kPcieEffFrac,              // achieved fraction of the pinned PCIe bandwidth
   kOffloadOverlapFrac,       // share of backward time that can hide gradient copies to the host

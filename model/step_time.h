@@ -7,6 +7,7 @@
 //   micro-batch   = forward + backward (+ recompute)
 //                   + exposed gradient reduction (hidden behind backward up to a share)
 //                   + exposed parameter gathers / uploads (hidden behind compute up to a share)
+//                   + the hidden collectives' toll on the compute beside them (a share of their time)
 //   GAS time      = (GAS - 1) non-boundary micro-batches            (founding report's "GAS Time")
 //   OPT time      = last micro-batch (with the boundary reduction and, with CPU offload,
 //                   the gradient copies to the host, hidden behind its backward up to a share)
@@ -364,15 +365,23 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
     share(rs_micro_s, grad_host_micro_s, rs_exposed_micro, grad_host_exposed_micro);
     share(rs_micro_s + rs_boundary_s, d2h_boundary_s, rs_exposed_boundary, d2h_exposed_boundary);
   }
+  // What the hidden collectives still cost: the compute they run beside slows by a share of their
+  // time (kCommInterferenceFrac). The hidden part of the gathers is what the compute window
+  // holds; of the gradient reductions, what is not exposed.
+  const T interference = coef[kCommInterferenceFrac];
+  const T gather_interference_s = interference * detail::min2(gather_s, gather_window);
+  const T rs_interference_micro_s = interference * (rs_micro_s - rs_exposed_micro);
+  const T rs_interference_boundary_s = interference * (rs_micro_s + rs_boundary_s - rs_exposed_boundary);
   // Hooks that work on the last micro-batch only (DeepSpeed ZeRO-1) lengthen that backward's host
   // time alone; what they add beyond it is exposed once a step.
   const T hooks_boundary_s = coef[kGradHookOverheadS] * f.grad_hooks_boundary;
   const T hooks_boundary_exposed =
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s + hooks_boundary_s) -
       smooth_max(bwd_gpu_total_s, launch_bwd_s + hook_host_s);
-  const T micro_s =
-      compute_s + gather_exposed + hooks_exposed + rs_exposed_micro + grad_host_exposed_micro + serial_micro_s;
-  const T boundary_micro_s = compute_s + gather_exposed + hooks_exposed + hooks_boundary_exposed + rs_exposed_boundary +
+  const T micro_s = compute_s + gather_exposed + gather_interference_s + hooks_exposed + rs_exposed_micro +
+                    rs_interference_micro_s + grad_host_exposed_micro + serial_micro_s;
+  const T boundary_micro_s = compute_s + gather_exposed + gather_interference_s + hooks_exposed +
+                             hooks_boundary_exposed + rs_exposed_boundary + rs_interference_boundary_s +
                              d2h_exposed_boundary + serial_boundary_s;
 
   // --- optimizer step --------------------------------------------------------
@@ -424,11 +433,12 @@ StepTime<T> predict_step_time(const StepFeatures& f, const T* coef) {
   out.backward_s = g * bwd_s;
   out.recompute_s = g * recompute_s;
   // DeepSpeed's gradient hooks launch its reductions, so their exposed host time counts here.
-  out.grad_comm_s = (g - 1.0) * rs_exposed_micro + rs_exposed_boundary + g * hooks_exposed + hooks_boundary_exposed +
+  out.grad_comm_s = (g - 1.0) * (rs_exposed_micro + rs_interference_micro_s) + rs_exposed_boundary +
+                    rs_interference_boundary_s + g * hooks_exposed + hooks_boundary_exposed +
                     (pipelined ? T(0.0) : post_gather_s);
   out.grad_comm_total_s = g * (rs_micro_s + hooks_s) + hooks_boundary_s + rs_boundary_s + post_gather_s;
-  out.param_gather_s = g * gather_exposed;
-  out.forward_gather_s = g * (gather_gpu_exposed * f.fetch_fwd_frac + fwd_hook_exposed);
+  out.param_gather_s = g * (gather_exposed + gather_interference_s);
+  out.forward_gather_s = g * ((gather_gpu_exposed + gather_interference_s) * f.fetch_fwd_frac + fwd_hook_exposed);
   out.param_gather_total_s = g * (gather_s + param_up_s + fetch_overhead_s);
   // Pipelined: everything of the tail beyond the exposed optimizer (uploads and all-gathers).
   const T blocking_s = (g - 1.0) * serial_micro_s + serial_boundary_s;

@@ -610,11 +610,52 @@ TEST_CASE("over PCIe, gradient reduction and host copies share one link and hide
   const double d2h = pcie_copy_time_s(f.step.d2h_bytes_boundary, f.step.d2h_bytes_per_s, k);
   const double exposed_micro = std::max(0.0, rs - window);
   const double exposed_boundary = std::max(0.0, rs + d2h - window);
-  CHECK(shared.gas_s == doctest::Approx(3.0 * (shared.forward_s + shared.backward_s) / 4.0 + 3.0 * exposed_micro));
-  const double boundary_exposed_shared = shared.opt_s - (shared.forward_s + shared.backward_s) / 4.0;
-  const double boundary_exposed_apart = separate.opt_s - (separate.forward_s + separate.backward_s) / 4.0;
+  // Each non-boundary micro-batch: its exposed reduction, and the hidden rest's toll on the
+  // backward (comm_interference_frac of it).
+  CHECK(shared.gas_s == doctest::Approx(3.0 * (shared.forward_s + shared.backward_s) / 4.0 + 3.0 * exposed_micro +
+                                        3.0 * k[kCommInterferenceFrac] * (rs - exposed_micro)));
+  // The boundary, without that toll (it differs between one window and two by what each hides).
+  CoefVector quiet = a40.coefs;
+  quiet[kCommInterferenceFrac] = 0.0;
+  const StepTime<double> shared_quiet = predict_step_time(f.step, quiet.data());
+  const StepTime<double> separate_quiet = predict_step_time(apart, quiet.data());
+  const double boundary_exposed_shared = shared_quiet.opt_s - (shared.forward_s + shared.backward_s) / 4.0;
+  const double boundary_exposed_apart = separate_quiet.opt_s - (separate.forward_s + separate.backward_s) / 4.0;
   CHECK(boundary_exposed_shared - boundary_exposed_apart ==
         doctest::Approx(exposed_boundary - std::max(0.0, rs - k[kGradCommOverlapFrac] * bwd) -
                         std::max(0.0, d2h - k[kOffloadOverlapFrac] * bwd))
             .epsilon(1e-9));
+}
+
+TEST_CASE("a hidden collective still slows the compute beside it by a share of its time") {
+  // llama-2-7b on 2 H200, ZeRO-3, micro-batch 4, GAS 4: the gathers hide behind the compute and
+  // the reduce-scatters behind the backward (nothing exposed), so comm_interference_frac alone
+  // moves the step. By hand: k x (GAS x one micro-batch's gathers + GAS x its reduce-scatter
+  // + the boundary's own reduction).
+  const HardwareProfile hw = hardware("h200-sxm");
+  const Features f = make_features(model("llama-2-7b"), hw, config(3, 2, 4, 4));
+  CoefVector quiet = hw.coefs, loud = hw.coefs;
+  quiet[kCommInterferenceFrac] = 0.0;
+  loud[kCommInterferenceFrac] = 0.3;
+  const StepTime<double> t0 = predict_step_time(f.step, quiet.data());
+  const StepTime<double> t1 = predict_step_time(f.step, loud.data());
+  REQUIRE(t0.param_gather_s < 1e-3 * t0.step_s);  // hidden (a smooth corner leaves microseconds)
+  REQUIRE(t0.grad_comm_s < 1e-3 * t0.step_s);
+  const double gather = detail::collective_time_s(f.step.gather_bytes_micro, f.step.gather_calls_micro,
+                                                  f.step.gather_bus_factor, false, f.step, loud.data());
+  const bool allreduce = f.step.grad_comm_is_allreduce > 0.0;
+  const double rs = detail::collective_time_s(f.step.grad_comm_bytes_micro, f.step.grad_comm_calls_micro,
+                                              f.step.grad_comm_bus_factor, allreduce, f.step, loud.data());
+  const double rs_boundary = detail::collective_time_s(f.step.grad_comm_bytes_boundary, f.step.grad_comm_calls_boundary,
+                                                       f.step.grad_comm_bus_factor, allreduce, f.step, loud.data());
+  REQUIRE(gather > 0.0);
+  REQUIRE(rs > 0.0);
+  CHECK(t1.param_gather_s - t0.param_gather_s == doctest::Approx(0.3 * 4.0 * gather));
+  CHECK(t1.grad_comm_s - t0.grad_comm_s == doctest::Approx(0.3 * (4.0 * rs + rs_boundary)));
+  CHECK(t1.step_s - t0.step_s == doctest::Approx(0.3 * (4.0 * gather + 4.0 * rs + rs_boundary)));
+  // The forward's share of the gathers' toll is the forward's share of the fetches.
+  CHECK(t1.forward_gather_s - t0.forward_gather_s == doctest::Approx(0.3 * 4.0 * gather * f.step.fetch_fwd_frac));
+  // One GPU moves nothing over NCCL: no toll.
+  const Features one = make_features(model("llama-2-7b"), hw, config(3, 1, 4, 4));
+  CHECK(predict_step_time(one.step, loud.data()).step_s == doctest::Approx(predict_step_time(one.step, quiet.data()).step_s));
 }
