@@ -111,10 +111,11 @@ static const std::array<CoefInfo, kNumCoefs> kTable = {{
      "share of backward time that can hide gradient reduction"},
     {kGatherOverlapFrac, "gather_overlap_frac", 0.0, 1.0, 0.70, "1",
      "share of compute time that can hide stage-3 parameter gathers and uploads"},
-    // A collective behind compute is not free: NCCL's kernels run one thread block per channel
-    // on the SMs the layers use, and stream their bytes through the same HBM. NCCL opens up to
-    // 32 channels on NVLink (its NCCL_MAX_NCHANNELS default), about a fifth of an H100's or
-    // H200's 132 SMs, so the default charges a fifth of each hidden second to the compute.
+    // A collective behind compute is not free: NCCL runs each channel as one thread block on an
+    // SM of its own (Hu et al., "Demystifying NCCL", arXiv 2507.04786), taken from the layers'
+    // kernels, and streams its bytes through the same HBM. A few tens of channels on NVLink are
+    // of order a fifth of an H100's or H200's 132 SMs: the default charges a fifth of each hidden
+    // second to the compute, and the fit moves it.
     {kCommInterferenceFrac, "comm_interference_frac", 0.0, 1.0, 0.20, "1",
      "compute time that a collective hidden behind it still adds, per second of the collective"},
     {kPcieEffFrac, "pcie_eff_frac", 0.05, 1.0, 0.95, "1",
